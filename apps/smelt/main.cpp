@@ -1,0 +1,52 @@
+// smelt: the command line. Subcommands train, plan and config-keys; every error
+// becomes a message on stderr and a non-zero exit code (2 for config errors).
+#include <cstdio>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  using namespace smelt;
+  CLI::App app{"smelt: Llama-3 pre-training with float8 linear layers, a memory plan known before step 0"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", SMELT_VERSION);
+
+  ConfigOptions train_config;
+  auto* train_command = app.add_subcommand("train", "Train a model (default: the debug model on CPU)");
+  add_config_options(*train_command, train_config);
+
+  ConfigOptions plan_config;
+  PlanCommandOptions plan_options;
+  auto* plan_command = app.add_subcommand("plan", "Print the step plan and memory breakdown without allocating model memory");
+  add_config_options(*plan_command, plan_config);
+  plan_command->add_option("--format", plan_options.format, "text or json")->check(CLI::IsMember({"text", "json"}));
+  plan_command->add_flag("--steps", plan_options.list_steps, "List every step of the plan");
+  plan_command->add_option("--memory-budget-gb", plan_options.memory_budget_gb,
+                           "Mark which policies fit this many GB (default: the config's device)");
+
+  auto* keys_command = app.add_subcommand("config-keys", "List every config key with its type and meaning");
+
+  try {
+    app.parse(argc, argv);
+    if (*train_command) return run_train(resolve_config(*train_command, train_config));
+    if (*plan_command) return run_plan(resolve_config(*plan_command, plan_config), plan_options);
+    if (*keys_command) {
+      std::cout << config_keys_help();
+      return 0;
+    }
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  } catch (const Error& e) {
+    std::cerr << "smelt: error: " << e.what() << "\n";
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::cerr << "smelt: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

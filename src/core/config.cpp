@@ -1,0 +1,325 @@
+// Loading, overriding, validating and printing a JobConfig, all driven by the schema
+// table in config_schema.cpp. TOML is read with toml++; errors name the file, line and key.
+#include "core/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/config_schema.h"
+#include "core/error.h"
+
+namespace smelt {
+namespace {
+
+// Edit distance (insertions, deletions, substitutions) between two names.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> previous(b.size() + 1), current(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) previous[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    current[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t substitution = previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      current[j] = std::min({previous[j] + 1, current[j - 1] + 1, substitution});
+    }
+    std::swap(previous, current);
+  }
+  return previous[b.size()];
+}
+
+// " Did you mean training.seq_len?" for the known key closest to `section.key`, or "" if none is close.
+std::string suggest_key(const std::vector<ConfigField>& schema, const std::string& section,
+                        const std::string& key) {
+  const std::string wanted = section.empty() ? key : section + "." + key;
+  size_t best_score = SIZE_MAX;
+  std::string best;
+  for (const ConfigField& field : schema) {
+    size_t whole = section.empty() ? SIZE_MAX : edit_distance(wanted, field.name());
+    // The right key in the wrong section is a near miss too.
+    size_t key_only = edit_distance(key, field.key) + (field.section == section ? 0 : 2);
+    size_t score = std::min(whole, key_only);
+    if (score < best_score) best_score = score, best = field.name();
+  }
+  size_t tolerance = std::max<size_t>(2, key.size() / 3);
+  if (best_score > tolerance) return "";
+  return " Did you mean " + best + "?";
+}
+
+std::string suggest_section(const std::vector<std::string>& sections, const std::string& section) {
+  size_t best_score = SIZE_MAX;
+  std::string best;
+  for (const std::string& known : sections) {
+    size_t score = edit_distance(section, known);
+    if (score < best_score) best_score = score, best = known;
+  }
+  if (best_score > std::max<size_t>(2, section.size() / 3)) return "";
+  return " Did you mean [" + best + "]?";
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i) text += (i ? ", " : "") + names[i];
+  return text;
+}
+
+std::string keys_of_section(const std::vector<ConfigField>& schema, const std::string& section) {
+  std::vector<std::string> keys;
+  for (const ConfigField& field : schema)
+    if (field.section == section) keys.push_back(field.key);
+  return join(keys);
+}
+
+const ConfigField* find_field(const std::vector<ConfigField>& schema, const std::string& section,
+                              const std::string& key) {
+  for (const ConfigField& field : schema)
+    if (field.section == section && field.key == key) return &field;
+  return nullptr;
+}
+
+bool is_section(const std::vector<std::string>& sections, const std::string& section) {
+  return std::find(sections.begin(), sections.end(), section) != sections.end();
+}
+
+// "path:line:column" of a place in a TOML file.
+std::string location(const std::string& path, const toml::source_region& region) {
+  return path + ":" + std::to_string(region.begin.line) + ":" + std::to_string(region.begin.column);
+}
+
+std::string toml_type_name(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a bool";
+    case toml::node_type::date:
+      return "a date";
+    case toml::node_type::time:
+      return "a time";
+    case toml::node_type::date_time:
+      return "a date-time";
+    default:
+      return "nothing";
+  }
+}
+
+std::string toml_text(const toml::node& node) {
+  std::ostringstream stream;
+  node.visit([&](const auto& value) { stream << value; });
+  std::string text = stream.str();
+  return text.size() > 60 ? text.substr(0, 57) + "..." : text;
+}
+
+// Converts a TOML value to the field's type; integers are fine for floats, nothing else converts.
+ConfigValue read_toml_value(const ConfigField& field, const toml::node& node, const std::string& path) {
+  auto wrong_type = [&](const toml::node& found, const std::string& expected, const std::string& hint) {
+    return location(path, found.source()) + ": " + field.name() + " expects " + expected + ", found " +
+           toml_type_name(found) + " (" + toml_text(found) + "); " + hint;
+  };
+  switch (field.type) {
+    case ConfigType::integer:
+      if (auto integer = node.value_exact<int64_t>()) return *integer;
+      fail(ErrorKind::config,
+           wrong_type(node, "an int",
+                      "write a whole number without a decimal point, e.g. " + field.key + " = 8"));
+    case ConfigType::real:
+    case ConfigType::optional_real:
+      if (node.is_floating_point()) return *node.value_exact<double>();
+      if (node.is_integer()) return static_cast<double>(*node.value_exact<int64_t>());
+      fail(ErrorKind::config, wrong_type(node, "a float", "write a number, e.g. " + field.key + " = 0.5"));
+    case ConfigType::boolean:
+    case ConfigType::optional_boolean:
+      if (auto flag = node.value_exact<bool>()) return *flag;
+      fail(ErrorKind::config, wrong_type(node, "a bool", "write true or false without quotes"));
+    case ConfigType::text:
+      if (auto text = node.value_exact<std::string>()) return *text;
+      fail(ErrorKind::config,
+           wrong_type(node, "a string", "put the value in double quotes, e.g. " + field.key + " = \"...\""));
+    case ConfigType::text_list: {
+      const toml::array* array = node.as_array();
+      if (!array)
+        fail(ErrorKind::config,
+             wrong_type(node, "a list of strings", "write e.g. " + field.key + " = [\"output\"]"));
+      std::vector<std::string> list;
+      for (const toml::node& element : *array) {
+        auto text = element.value_exact<std::string>();
+        if (!text)
+          fail(ErrorKind::config,
+               wrong_type(element, "a list of strings", "quote every element of the list"));
+        list.push_back(*text);
+      }
+      return list;
+    }
+  }
+  fail(ErrorKind::internal, "config key " + field.name() + " has an unknown type");
+}
+
+nlohmann::ordered_json to_json(const ConfigValue& value) {
+  struct Converter {
+    nlohmann::ordered_json operator()(std::monostate) const { return nullptr; }
+    nlohmann::ordered_json operator()(int64_t integer) const { return integer; }
+    nlohmann::ordered_json operator()(double real) const { return real; }
+    nlohmann::ordered_json operator()(bool flag) const { return flag; }
+    nlohmann::ordered_json operator()(const std::string& text) const { return text; }
+    nlohmann::ordered_json operator()(const std::vector<std::string>& list) const { return list; }
+  };
+  return std::visit(Converter{}, value);
+}
+
+}  // namespace
+
+JobConfig load_config_file(const std::string& path) {
+  std::error_code status;
+  if (!std::filesystem::exists(path, status))
+    fail(ErrorKind::config, "config file '" + path + "' does not exist; expected a TOML file such as " +
+                                "configs/debug.toml: check the path");
+  if (std::filesystem::is_directory(path, status))
+    fail(ErrorKind::config, "config path '" + path + "' is a folder; expected a TOML file such as " +
+                                "configs/debug.toml: name a file inside it");
+  std::ifstream stream(path, std::ios::binary);
+  if (!stream)
+    fail(ErrorKind::config, "cannot read config file '" + path + "': " + std::strerror(errno) +
+                                "; expected a readable TOML file: check its permissions");
+  std::ostringstream contents;
+  contents << stream.rdbuf();
+
+  toml::table root;
+  try {
+    root = toml::parse(contents.str(), path);
+  } catch (const toml::parse_error& error) {
+    fail(ErrorKind::config, location(path, error.source()) +
+                                ": TOML syntax error: " + std::string(error.description()) +
+                                "; fix the file (TOML syntax: https://toml.io)");
+  }
+
+  const std::vector<ConfigField> schema = config_schema();
+  const std::vector<std::string> sections = config_sections();
+  JobConfig config;
+  config.source = path;
+  for (const auto& [section_key, section_node] : root) {
+    const std::string section(section_key.str());
+    const std::string where = location(path, section_key.source());
+    if (!section_node.is_table()) {
+      fail(ErrorKind::config, where + ": key '" + section + "' is outside any section; expected it under a " +
+                                  "[section] header (sections: " + join(sections) + ")." +
+                                  suggest_key(schema, "", section));
+    }
+    if (!is_section(sections, section)) {
+      fail(ErrorKind::config, where + ": unknown section [" + section +
+                                  "]: remove it or fix its name (sections: " + join(sections) + ")." +
+                                  suggest_section(sections, section));
+    }
+    for (const auto& [key_name, node] : *section_node.as_table()) {
+      const std::string key(key_name.str());
+      const ConfigField* field = find_field(schema, section, key);
+      if (!field) {
+        std::string suggestion = suggest_key(schema, section, key);
+        if (suggestion.empty())
+          suggestion = " Keys in [" + section + "]: " + keys_of_section(schema, section) + ".";
+        fail(ErrorKind::config, location(path, key_name.source()) + ": unknown key " + section + "." + key +
+                                    " in section [" + section + "]: remove it or fix its name." + suggestion);
+      }
+      ConfigValue value = read_toml_value(*field, node, path);
+      std::string problem = check_config_rule(*field, value);
+      if (!problem.empty())
+        fail(ErrorKind::config, location(path, node.source()) + ": " + field->name() + ": " + problem +
+                                    "; change the value in the file");
+      field->set(config, value);
+    }
+  }
+  return config;
+}
+
+void apply_override(JobConfig& config, const std::string& assignment) {
+  const std::string text = assignment.rfind("--", 0) == 0 ? assignment.substr(2) : assignment;
+  const std::string quoted = "override '" + assignment + "'";
+  const size_t equals = text.find('=');
+  if (equals == std::string::npos)
+    fail(ErrorKind::config, quoted + " has no '='; expected section.key=value, e.g. training.steps=10");
+  const std::string name = text.substr(0, equals);
+  const std::string value_text = text.substr(equals + 1);
+  const std::vector<ConfigField> schema = config_schema();
+  const std::vector<std::string> sections = config_sections();
+  const size_t dot = name.find('.');
+  if (dot == std::string::npos)
+    fail(ErrorKind::config, quoted + ": key '" + name + "' has no section; expected section.key=value, " +
+                                "e.g. training.steps=10." + suggest_key(schema, "", name));
+  const std::string section = name.substr(0, dot);
+  const std::string key = name.substr(dot + 1);
+  if (!is_section(sections, section))
+    fail(ErrorKind::config, quoted + ": unknown section '" + section + "' in key " + name +
+                                "; expected one of: " + join(sections) + "." +
+                                suggest_key(schema, section, key));
+  const ConfigField* field = find_field(schema, section, key);
+  if (!field) {
+    std::string suggestion = suggest_key(schema, section, key);
+    if (suggestion.empty())
+      suggestion = " Keys in [" + section + "]: " + keys_of_section(schema, section) + ".";
+    fail(ErrorKind::config, quoted + ": unknown key " + name + "." + suggestion);
+  }
+  std::string problem;
+  std::optional<ConfigValue> value = parse_config_text(field->type, value_text, problem);
+  if (!value)
+    fail(ErrorKind::config, quoted + ": " + name + " (" + config_type_name(field->type) + "): " + problem +
+                                "; fix the value after '='");
+  problem = check_config_rule(*field, *value);
+  if (!problem.empty())
+    fail(ErrorKind::config, quoted + ": " + name + ": " + problem + "; fix the value after '='");
+  field->set(config, *value);
+}
+
+void validate_config(const JobConfig& config) {
+  const std::string origin = config.source.empty() ? "config" : "config " + config.source;
+  for (const ConfigField& field : config_schema()) {
+    std::string problem = check_config_rule(field, field.get(config));
+    if (!problem.empty())
+      fail(ErrorKind::config, origin + ": " + field.name() + ": " + problem +
+                                  "; set it in the file or with --" + field.name() + "=...");
+  }
+  // Rules across keys (only between keys that are set; presets are checked by the model).
+  const ModelSection& model = config.model;
+  if (model.n_heads > 0 && model.n_kv_heads > 0 && model.n_heads % model.n_kv_heads != 0)
+    fail(ErrorKind::config, origin + ": model.n_heads (" + std::to_string(model.n_heads) +
+                                ") must be a multiple of model.n_kv_heads, found n_kv_heads = " +
+                                std::to_string(model.n_kv_heads) + "; pick n_kv_heads dividing n_heads");
+  if (model.dim > 0 && model.n_heads > 0 && model.dim % model.n_heads != 0)
+    fail(ErrorKind::config, origin + ": model.dim (" + std::to_string(model.dim) +
+                                ") must be a multiple of model.n_heads, found n_heads = " +
+                                std::to_string(model.n_heads) + "; pick n_heads dividing dim");
+}
+
+std::string config_to_json(const JobConfig& config) {
+  nlohmann::ordered_json root = nlohmann::ordered_json::object();
+  for (const ConfigField& field : config_schema())
+    root[field.section][field.key] = to_json(field.get(config));
+  root["source"] = config.source;
+  return root.dump(2);
+}
+
+std::vector<ConfigKeyInfo> config_keys() {
+  const JobConfig defaults;
+  std::vector<ConfigKeyInfo> keys;
+  for (const ConfigField& field : config_schema()) {
+    std::string help = field.help;
+    std::string allowed = describe_config_rule(field.rule);
+    if (!allowed.empty()) help += " [" + allowed + "]";
+    help += " (default: " + format_config_value(field.get(defaults)) + ")";
+    keys.push_back({field.name(), config_type_name(field.type), help});
+  }
+  return keys;
+}
+
+}  // namespace smelt

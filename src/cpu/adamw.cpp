@@ -1,0 +1,75 @@
+// CPU AdamW over one flat range, as torch.optim.AdamW (decoupled weight decay,
+// bias correction), after gradient clipping as torch.nn.utils.clip_grad_norm_.
+// The clipped gradients are written back, so a later reader sees what was applied.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "cpu/kernels.h"
+#include "cpu/storage.h"
+
+namespace smelt::cpu {
+namespace {
+
+// Value: double (tests) or float; the per-element arithmetic is done in double.
+template <typename Value>
+void update(const AdamwArgs& args, double clip) {
+  const int64_t count = args.params.numel();
+  Value* params = args.params.as<Value>();
+  Value* grads = args.grads.as<Value>();
+  Value* exp_avg = args.exp_avg.as<Value>();
+  Value* exp_avg_sq = args.exp_avg_sq.as<Value>();
+  const double lr = args.lr, beta1 = args.beta1, beta2 = args.beta2, eps = args.eps;
+  const double decay = 1.0 - lr * double(args.weight_decay);
+  const double bias_correction1 = 1.0 - std::pow(beta1, double(args.step));
+  const double bias_correction2 = 1.0 - std::pow(beta2, double(args.step));
+  const double step_size = lr / bias_correction1, bias_correction2_sqrt = std::sqrt(bias_correction2);
+  const bool clipping = clip < 1.0;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    double g = double(grads[i]);
+    if (clipping) {
+      g *= clip;
+      grads[i] = Value(g);
+      g = double(grads[i]);  // what a later reader sees is what was applied
+    }
+    const double m = beta1 * double(exp_avg[i]) + (1.0 - beta1) * g;
+    const double v = beta2 * double(exp_avg_sq[i]) + (1.0 - beta2) * g * g;
+    exp_avg[i] = Value(m);
+    exp_avg_sq[i] = Value(v);
+    const double denominator = std::sqrt(v) / bias_correction2_sqrt + eps;
+    params[i] = Value(double(params[i]) * decay - step_size * m / denominator);
+  }
+}
+
+}  // namespace
+
+void adamw(const AdamwArgs& args) {
+  const char* op = "adamw";
+  const int64_t count = args.params.numel();
+  const DType dtype = args.params.dtype;
+  if (dtype != DType::f32 && dtype != DType::f64)
+    fail(ErrorKind::internal, "adamw: expected f32 master parameters (f64 in tests), found " + args.params.str() +
+                                  "; keep the optimizer state in f32");
+  for (const TensorView* t : {&args.params, &args.grads, &args.exp_avg, &args.exp_avg_sq}) {
+    expect_host(*t, op, "argument");
+    expect_dtype(*t, dtype, op, "grads/exp_avg/exp_avg_sq");
+    expect_numel(*t, count, op, "grads/exp_avg/exp_avg_sq");
+  }
+  if (args.step < 1)
+    fail(ErrorKind::internal, "adamw: expected a 1-based step, found " + std::to_string(args.step) +
+                                  "; count steps from 1");
+  double clip = 1.0;
+  if (args.max_norm > 0) {
+    expect_host(args.grad_sum_squares, op, "grad_sum_squares");
+    expect_numel(args.grad_sum_squares, 1, op, "grad_sum_squares");
+    expect_dtype(args.grad_sum_squares, dtype, op, "grad_sum_squares");
+    const double sum_squares = dtype == DType::f64 ? *args.grad_sum_squares.as<double>()
+                                                   : double(*args.grad_sum_squares.as<float>());
+    clip = std::min(1.0, double(args.max_norm) / (std::sqrt(sum_squares) + 1e-6));
+  }
+  if (dtype == DType::f64) update<double>(args, clip);
+  else update<float>(args, clip);
+}
+
+}  // namespace smelt::cpu

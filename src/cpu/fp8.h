@@ -1,0 +1,17 @@
+// CPU reference of the float8 ops: amax (tensorwise or per row), quantize to e4m3/e5m2 with a
+// scale, dequantize back. Element rounding comes from core/numerics.h, shared with CUDA.
+#pragma once
+#include "ops/op_args.h"
+
+namespace smelt::cpu {
+
+// amax[0] = max |x| (tensorwise) or amax[r] = max_c |x[r, c]| (rowwise); NaN propagates.
+void amax(const AmaxArgs& args);
+
+// dst = float_to_float8(float(src) * scale), the multiply in float32, saturating.
+void quantize(const QuantizeArgs& args);
+
+// dst = float8_to_float(src) / scale in float32, then rounded to dst's dtype.
+void dequantize(const DequantizeArgs& args);
+
+}  // namespace smelt::cpu

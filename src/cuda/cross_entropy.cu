@@ -1,0 +1,83 @@
+// Softmax cross-entropy on the GPU, forward and backward at once: one block per row,
+// an online max/sum pass, then the loss and (optionally) the gradient written in place.
+#include "cuda/cuda_common.cuh"
+
+namespace smelt::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+
+// logits (rows, V) f32; gradient (rows, V) in G (may alias logits when G is float).
+template <typename G>
+__global__ void cross_entropy_rows(const float* logits, const int32_t* targets, float* losses, G* gradient,
+                                   int64_t vocabulary, float grad_scale) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const float* x = logits + row * vocabulary;
+  const int32_t target = targets[row];
+  if (target < 0 || target >= vocabulary) {
+    // Ignored row (negative target); an out-of-range target gives NaN so the bad data shows.
+    if (threadIdx.x == 0) losses[row] = target < 0 ? 0.0f : NAN;
+    if (gradient)
+      for (int64_t c = threadIdx.x; c < vocabulary; c += blockDim.x)
+        store_float(gradient + row * vocabulary, c, target < 0 ? 0.0f : NAN);
+    return;
+  }
+  // Online softmax statistics per thread, then merged across the block.
+  float maximum = -INFINITY, total = 0.0f;
+  for (int64_t c = threadIdx.x; c < vocabulary; c += blockDim.x) {
+    const float v = x[c];
+    if (v > maximum) {
+      total = total * expf(maximum - v) + 1.0f;
+      maximum = v;
+    } else {
+      total += expf(v - maximum);
+    }
+  }
+  const float row_maximum = block_max(maximum, shared);
+  total = maximum == -INFINITY ? 0.0f : total * expf(maximum - row_maximum);
+  const float row_total = block_sum(total, shared);
+  const float lse = row_maximum + logf(row_total);
+  const float target_logit = x[target];
+  __syncthreads();  // every thread has read x[target] before any gradient write may overwrite it
+  if (threadIdx.x == 0) losses[row] = lse - target_logit;
+  if (!gradient) return;
+  for (int64_t c = threadIdx.x; c < vocabulary; c += blockDim.x) {
+    const float probability = expf(x[c] - lse);
+    store_float(gradient + row * vocabulary, c, (probability - (c == target ? 1.0f : 0.0f)) * grad_scale);
+  }
+}
+
+}  // namespace
+
+void cross_entropy(CudaContext& context, const CrossEntropyArgs& args) {
+  const char* op = "cross_entropy";
+  expect_device(args.logits, op, "logits");
+  expect_device(args.targets, op, "targets");
+  expect_device(args.losses, op, "losses");
+  expect_dtype(args.logits, DType::f32, op, "logits");
+  expect_dtype(args.targets, DType::i32, op, "targets");
+  expect_dtype(args.losses, DType::f32, op, "losses");
+  const int64_t rows = args.logits.rows(), vocabulary = args.logits.cols();
+  expect_numel(args.targets, rows, op, "targets");
+  expect_numel(args.losses, rows, op, "losses");
+  if (rows == 0) return;
+  if (args.grad_logits.empty()) {
+    cross_entropy_rows<float><<<unsigned(rows), kThreads, 0, context.stream>>>(
+        args.logits.as<float>(), args.targets.as<int32_t>(), args.losses.as<float>(), nullptr, vocabulary,
+        args.grad_scale);
+    SMELT_CUDA_LAUNCH_CHECK("cross_entropy_rows");
+    return;
+  }
+  expect_device(args.grad_logits, op, "grad_logits");
+  expect_numel(args.grad_logits, rows * vocabulary, op, "grad_logits");
+  dispatch_activation(args.grad_logits.dtype, op, [&](auto element) {
+    using G = decltype(element);
+    cross_entropy_rows<G><<<unsigned(rows), kThreads, 0, context.stream>>>(
+        args.logits.as<float>(), args.targets.as<int32_t>(), args.losses.as<float>(), args.grad_logits.as<G>(),
+        vocabulary, args.grad_scale);
+    SMELT_CUDA_LAUNCH_CHECK("cross_entropy_rows");
+  });
+}
+
+}  // namespace smelt::cuda

@@ -1,0 +1,82 @@
+// Reductions on the GPU: sum of squares (gradient norm) and mean (loss), in double over a
+// fixed grid whose per-block partials one block then sums in order: deterministic, and
+// no host round-trip (the result stays on the device).
+#include "cuda/cuda_common.cuh"
+
+namespace smelt::cuda {
+namespace {
+
+constexpr int kBlocks = 264;  // fixed, so the summation order depends only on the element count
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ double warp_sum_double(double value) {
+  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+__device__ __forceinline__ double block_sum_double(double value, double* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  value = warp_sum_double(value);
+  __syncthreads();
+  if (lane == 0) shared[warp] = value;
+  __syncthreads();
+  value = lane < warps ? shared[lane] : 0.0;
+  return warp_sum_double(value);
+}
+
+enum class Term : uint8_t { value, square };
+
+// partials[block] = sum over the block's grid-stride elements of term(x).
+template <typename T, Term term>
+__global__ void reduce_partials(const T* x, int64_t count, double* partials) {
+  __shared__ double shared[32];
+  double sum = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    const double v = load_float(x, i);
+    sum += term == Term::square ? v * v : v;
+  }
+  sum = block_sum_double(sum, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+// out[0] = (accumulate ? out[0] : 0) + sum(partials) * multiplier; one block.
+__global__ void reduce_finish(const double* partials, int count, float* out, double multiplier, bool accumulate) {
+  __shared__ double shared[32];
+  double sum = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
+  sum = block_sum_double(sum, shared);
+  if (threadIdx.x == 0) out[0] = float(sum * multiplier + (accumulate ? double(out[0]) : 0.0));
+}
+
+template <Term term>
+void reduce(CudaContext& context, const TensorView& x, const TensorView& out, double multiplier, bool accumulate,
+            const char* op) {
+  expect_device(x, op, "x");
+  expect_device(out, op, "out");
+  expect_dtype(out, DType::f32, op, "out");
+  expect_numel(out, 1, op, "out");
+  context.require_workspace(op);
+  auto* partials = reinterpret_cast<double*>(context.reduce_scratch());
+  dispatch_activation(x.dtype, op, [&](auto element) {
+    using T = decltype(element);
+    reduce_partials<T, term><<<kBlocks, kThreads, 0, context.stream>>>(x.as<T>(), x.numel(), partials);
+    SMELT_CUDA_LAUNCH_CHECK("reduce_partials");
+  });
+  reduce_finish<<<1, kThreads, 0, context.stream>>>(partials, kBlocks, out.as<float>(), multiplier, accumulate);
+  SMELT_CUDA_LAUNCH_CHECK("reduce_finish");
+}
+
+}  // namespace
+
+void sum_squares(CudaContext& context, const SumSquaresArgs& args) {
+  reduce<Term::square>(context, args.x, args.out, 1.0, args.accumulate, "sum_squares");
+}
+
+void mean(CudaContext& context, const MeanArgs& args) {
+  if (args.x.numel() == 0)
+    fail(ErrorKind::internal, "cuda mean: expected at least one element, found " + args.x.str() +
+                                  "; skip empty reductions");
+  reduce<Term::value>(context, args.x, args.out, 1.0 / double(args.x.numel()), false, "mean");
+}
+
+}  // namespace smelt::cuda

@@ -1,0 +1,60 @@
+// The math of the Llama-3 model, one op at a time, on views the planner hands
+// in: block forward and backward ops, the embedding, the final norm and the
+// chunked output head with cross-entropy. Written as if on one device; what is
+// kept, recomputed or sharded is decided outside (plan/, dist/).
+#pragma once
+#include <array>
+
+#include "model/layer_graph.h"
+#include "ops/backend.h"
+
+namespace smelt {
+
+struct ModelContext {
+  const ModelConfig& model;
+  StepShape shape;
+  Backend& backend;
+  TensorView rope_frequencies;  // (T, Dh/2, 2) f32
+};
+
+// Views one block op needs; unused entries stay empty.
+struct LayerViews {
+  std::array<TensorView, kActivationCount> activation;
+  std::array<TensorView, kGradientCount> gradient;
+  TensorView residual_gradient;                           // (N, D): d loss / d residual stream
+  std::array<TensorView, kLayerWeightCount> weight;       // compute dtype
+  std::array<TensorView, kLayerWeightCount> weight_grad;  // f32
+};
+
+void run_forward_op(ForwardOp op, const LayerViews& views, const ModelContext& context);
+void run_backward_op(BackwardOp op, const LayerViews& views, const ModelContext& context);
+
+struct HeadViews {
+  TensorView tokens;              // (N) i32
+  TensorView targets;             // (N) i32
+  TensorView embedding;           // (V, D) compute dtype
+  TensorView embedding_grad;      // (V, D) f32
+  TensorView final_input;         // (N, D): the last block's output
+  TensorView final_norm_weight;   // (D) compute dtype
+  TensorView final_norm_grad;     // (D) f32
+  TensorView final_norm_out;      // (N, D)
+  TensorView final_rstd;          // (N) f32
+  TensorView output_weight;       // (V, D) compute dtype
+  TensorView output_grad;         // (V, D) f32
+  TensorView logits;              // (chunk, V) f32 scratch
+  TensorView grad_logits;         // (chunk, V) compute dtype scratch (may alias logits)
+  TensorView final_norm_out_grad; // (N, D)
+  TensorView losses;              // (N) f32
+  TensorView residual_gradient;   // (N, D)
+  TensorView first_residual;      // (N, D): embedding output = block 0 input
+};
+
+void embedding_forward(const HeadViews& views, const ModelContext& context);
+void final_norm_forward(const HeadViews& views, const ModelContext& context);
+// Output projection and cross-entropy, forward and backward, `logits.rows()` tokens at a time:
+// the full (N, V) logits never exist. Writes per-token losses, d final_norm_out and d output weight.
+void output_head(const HeadViews& views, const ModelContext& context);
+void final_norm_backward(const HeadViews& views, const ModelContext& context);
+void embedding_backward(const HeadViews& views, const ModelContext& context);
+
+}  // namespace smelt

@@ -1,0 +1,61 @@
+// Backend: the interface both the CPU reference and the CUDA backend implement,
+// one method per op. Ops never allocate; scratch they need comes from the
+// workspace the plan reserved (workspace_bytes), bound once with set_workspace.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "core/arena.h"
+#include "ops/op_args.h"
+
+namespace smelt {
+
+// The largest shapes a run uses, so a backend can size its workspace.
+struct WorkspaceShape {
+  int64_t tokens = 0;       // N = B*T
+  int64_t seq_len = 0;      // T
+  int64_t batch = 0;        // B
+  int64_t max_rows = 0;     // largest GEMM M / N
+  int64_t max_inner = 0;    // largest GEMM K
+  int64_t max_cols = 0;     // largest GEMM N
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  DType compute_dtype = DType::f32;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Device device() const = 0;
+  virtual MemoryResource& memory() = 0;
+
+  virtual size_t workspace_bytes(const WorkspaceShape& shape) const = 0;
+  virtual void set_workspace(TensorView workspace) = 0;
+
+  virtual void gemm(const GemmArgs& args) = 0;
+  virtual void embedding_forward(const EmbeddingForwardArgs& args) = 0;
+  virtual void embedding_backward(const EmbeddingBackwardArgs& args) = 0;
+  virtual void rmsnorm_forward(const RmsNormForwardArgs& args) = 0;
+  virtual void rmsnorm_backward(const RmsNormBackwardArgs& args) = 0;
+  virtual void rope(const RopeArgs& args) = 0;
+  virtual void attention_forward(const AttentionForwardArgs& args) = 0;
+  virtual void attention_backward(const AttentionBackwardArgs& args) = 0;
+  virtual void swiglu_forward(const SwigluForwardArgs& args) = 0;
+  virtual void swiglu_backward(const SwigluBackwardArgs& args) = 0;
+  virtual void cross_entropy(const CrossEntropyArgs& args) = 0;
+  virtual void sum_squares(const SumSquaresArgs& args) = 0;
+  virtual void mean(const MeanArgs& args) = 0;
+  virtual void adamw(const AdamwArgs& args) = 0;
+  virtual void convert(const ConvertArgs& args) = 0;
+  virtual void amax(const AmaxArgs& args) = 0;
+  virtual void quantize(const QuantizeArgs& args) = 0;
+  virtual void dequantize(const DequantizeArgs& args) = 0;
+
+  // Host <-> backend copies (start-up, logging, checkpoints; never inside a step's math).
+  virtual void copy_to_device(TensorView dst, const void* host_src) = 0;
+  virtual void copy_to_host(void* host_dst, TensorView src) = 0;
+  virtual void fill(TensorView dst, float value) = 0;
+  virtual void synchronize() = 0;
+};
+
+}  // namespace smelt

@@ -1,0 +1,165 @@
+// Argument structs of the backend ops, one per op. Shapes are commented where
+// declared (N = tokens B*T, D = model dim, H/KV = query/key-value heads,
+// Dh = head dim, F = FFN dim, V = vocabulary); see docs/glossary.md.
+// Activations are f32 or bf16 (the run's compute dtype, or f64 in tests);
+// weight gradients, norms, statistics and losses are always f32 (f64 in tests).
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace smelt {
+
+// Scaling of a float8 GEMM operand (float8 issue); `none` for bf16/f32 operands.
+enum class OperandScaling : uint8_t { none, tensorwise, rowwise };
+
+// out = op(a) @ op(b) (+ addend) with op(x) = x or x^T, row-major.
+// Linear layer forward: a = x (N, in), b = W (out, in), transpose_b = true.
+// Grad of input:        a = dy (N, out), b = W (out, in).
+// Grad of weight:       a = dy (N, out), transpose_a = true, b = x (N, in).
+struct GemmArgs {
+  TensorView a;
+  bool transpose_a = false;
+  TensorView b;
+  bool transpose_b = false;
+  TensorView out;
+  TensorView addend;        // optional, same shape as out (may alias out): out = a@b + addend
+  bool accumulate = false;  // out += a@b (same as addend = out)
+  // float8 operands: scale to multiply each dequantized operand by (f32 scalar or per-row vector).
+  TensorView scale_a, scale_b;
+  OperandScaling scaling_a = OperandScaling::none, scaling_b = OperandScaling::none;
+  bool fast_accumulation = false;
+};
+
+struct EmbeddingForwardArgs {
+  TensorView tokens;  // (N) i32
+  TensorView table;   // (V, D)
+  TensorView out;     // (N, D)
+};
+
+struct EmbeddingBackwardArgs {
+  TensorView tokens;       // (N) i32
+  TensorView grad_out;     // (N, D)
+  TensorView grad_table;   // (V, D) f32, overwritten
+};
+
+struct RmsNormForwardArgs {
+  TensorView input;   // (N, D)
+  TensorView weight;  // (D)
+  TensorView out;     // (N, D)
+  TensorView rstd;    // (N) f32: 1 / sqrt(mean(x^2) + eps)
+  float eps = 1e-5f;
+};
+
+struct RmsNormBackwardArgs {
+  TensorView input;        // (N, D) the forward input
+  TensorView weight;       // (D)
+  TensorView rstd;         // (N) f32 from the forward
+  TensorView grad_out;     // (N, D)
+  TensorView grad_input;   // (N, D): written, or added to when accumulate
+  bool accumulate = false;
+  TensorView grad_weight;  // (D) f32, overwritten
+};
+
+// Rotary embedding on (N, heads, Dh) in place, pairs (2i, 2i+1) rotated by
+// position * frequency[i]; position = row % seq_len. Inverse rotates back
+// (the backward of the forward rotation).
+struct RopeArgs {
+  TensorView x;          // (N, heads, Dh), in place
+  TensorView frequencies;  // (seq_len, Dh/2, 2) f32: cos, sin
+  int64_t seq_len = 0;
+  bool inverse = false;
+};
+
+// Causal grouped-query attention. Query head h reads key/value head h / (H / KV).
+struct AttentionForwardArgs {
+  TensorView q;    // (B, T, H, Dh)
+  TensorView k;    // (B, T, KV, Dh)
+  TensorView v;    // (B, T, KV, Dh)
+  TensorView out;  // (B, T, H, Dh)
+  TensorView lse;  // (B, H, T) f32: log-sum-exp of the scaled scores per query
+  float scale = 0;  // usually 1/sqrt(Dh)
+};
+
+struct AttentionBackwardArgs {
+  TensorView q, k, v, out, lse;  // as in the forward
+  TensorView grad_out;           // (B, T, H, Dh)
+  TensorView grad_q;             // (B, T, H, Dh), overwritten
+  TensorView grad_k, grad_v;     // (B, T, KV, Dh), overwritten
+  float scale = 0;
+};
+
+// out = silu(gate) * up
+struct SwigluForwardArgs {
+  TensorView gate, up;  // (N, F)
+  TensorView out;       // (N, F)
+};
+
+struct SwigluBackwardArgs {
+  TensorView gate, up, grad_out;  // (N, F)
+  TensorView grad_gate, grad_up;  // (N, F), overwritten
+};
+
+// Softmax cross-entropy on a chunk of rows, forward and backward at once:
+// losses[r] = logsumexp(logits[r]) - logits[r][target[r]];
+// grad_logits = (softmax(logits) - onehot(target)) * grad_scale.
+// Rows whose target is negative are ignored (loss 0, gradient 0).
+struct CrossEntropyArgs {
+  TensorView logits;       // (n, V) f32
+  TensorView targets;      // (n) i32
+  TensorView losses;       // (n) f32
+  TensorView grad_logits;  // (n, V) compute dtype; may alias logits when dtypes match
+  float grad_scale = 1;    // 1 / (number of counted tokens in the step)
+};
+
+// Sum of squares of x, written to out[0] (f32); deterministic order.
+struct SumSquaresArgs {
+  TensorView x;    // (n) f32
+  TensorView out;  // (1) f32
+  bool accumulate = false;  // out[0] += ...
+};
+
+// Mean of x over n elements into out[0].
+struct MeanArgs {
+  TensorView x;    // (n) f32
+  TensorView out;  // (1) f32
+};
+
+// AdamW over one flat range (PyTorch semantics: decoupled decay, bias correction),
+// gradients scaled by min(1, max_norm / (sqrt(sum_squares) + 1e-6)) when max_norm > 0.
+struct AdamwArgs {
+  TensorView params, grads, exp_avg, exp_avg_sq;  // (n) f32
+  TensorView grad_sum_squares;  // (1) f32: from SumSquares over all gradients
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
+  float max_norm = 0;
+  int64_t step = 1;  // 1-based
+};
+
+// Element-wise dtype conversion (f32 <-> bf16 <-> f64), same element count.
+struct ConvertArgs {
+  TensorView src, dst;
+};
+
+// Float8 quantisation: dst = saturate(src * scale) in e4m3/e5m2; scales are
+// what to multiply src by (a GEMM multiplies the result by 1/scale).
+struct AmaxArgs {
+  TensorView x;       // (rows, cols)
+  TensorView amax;    // (1) or (rows) f32
+  bool rowwise = false;
+};
+
+struct QuantizeArgs {
+  TensorView src;      // (rows, cols) f32 / bf16
+  TensorView dst;      // (rows, cols) e4m3 / e5m2
+  TensorView scale;    // (1) or (rows) f32
+  bool rowwise = false;
+};
+
+struct DequantizeArgs {
+  TensorView src;      // (rows, cols) e4m3 / e5m2
+  TensorView dst;      // (rows, cols) f32 / bf16
+  TensorView scale;    // (1) or (rows) f32: dst = src / scale
+  bool rowwise = false;
+};
+
+}  // namespace smelt

@@ -1,0 +1,143 @@
+// Text and JSON reports of a StepPlan.
+#include "plan/plan_report.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace smelt {
+
+std::string format_bytes(size_t bytes) {
+  char text[64];
+  const double b = static_cast<double>(bytes);
+  if (b >= double(1ull << 30)) std::snprintf(text, sizeof text, "%.2f GiB", b / double(1ull << 30));
+  else if (b >= double(1ull << 20)) std::snprintf(text, sizeof text, "%.1f MiB", b / double(1ull << 20));
+  else if (b >= 1024) std::snprintf(text, sizeof text, "%.1f KiB", b / 1024.0);
+  else std::snprintf(text, sizeof text, "%zu B", bytes);
+  return text;
+}
+
+std::string plan_summary_line(const StepPlan& plan) {
+  std::ostringstream out;
+  out << plan.options.policy.str() << ", " << dtype_name(plan.options.compute_dtype) << ", "
+      << plan.options.shape.tokens() << " tokens/step (batch " << plan.options.shape.batch << " x seq "
+      << plan.options.shape.seq_len << "), " << plan.steps.size() << " steps, arena "
+      << format_bytes(plan.memory.arena_bytes) << " (peak at '" << plan.steps[plan.memory.peak_step].name() << "')";
+  return out.str();
+}
+
+namespace {
+
+constexpr size_t kClassCount = static_cast<size_t>(BufferClass::count);
+
+std::string kept_description(const LayerBuffers& lb) {
+  std::string kept;
+  for (int a = 0; a < kActivationCount; ++a)
+    if (lb.kept[a] && static_cast<Activation>(a) != Activation::layer_output)
+      kept += (kept.empty() ? "" : " ") + std::string(activation_name(static_cast<Activation>(a)));
+  return kept;
+}
+
+size_t kept_bytes(const StepPlan& plan, const LayerBuffers& lb) {
+  size_t total = 0;
+  for (int a = 0; a < kActivationCount; ++a)
+    if (lb.kept[a] && static_cast<Activation>(a) != Activation::layer_output)
+      total += plan.buffers[lb.forward[a]].request.bytes;
+  return total;
+}
+
+}  // namespace
+
+std::string format_plan(const StepPlan& plan, bool list_steps) {
+  std::ostringstream out;
+  char line[512];
+  out << "model:   " << describe(plan.model) << "\n";
+  out << "plan:    " << plan_summary_line(plan) << "\n\n";
+  const auto& peak = plan.memory.live_by_class[plan.memory.peak_step];
+  out << "memory by buffer class      allocated (sum of buffers)    live at the peak\n";
+  for (size_t c = 0; c < kClassCount; ++c) {
+    size_t total = plan.bytes_of(static_cast<BufferClass>(c));
+    if (total == 0) continue;
+    std::snprintf(line, sizeof line, "  %-24s %16s %24s\n", std::string(buffer_class_name(static_cast<BufferClass>(c))).c_str(),
+                  format_bytes(total).c_str(), format_bytes(peak[c]).c_str());
+    out << line;
+  }
+  std::snprintf(line, sizeof line, "  %-24s %16s %24s\n", "arena (packed)", format_bytes(plan.memory.arena_bytes).c_str(),
+                format_bytes(plan.memory.peak_live_bytes).c_str());
+  out << line;
+  out << "  peak at step " << plan.memory.peak_step << ": " << plan.steps[plan.memory.peak_step].name() << "\n\n";
+
+  out << "activations kept for backward, per block:\n";
+  std::string previous;
+  int64_t run_start = 0;
+  auto flush = [&](int64_t end) {
+    if (previous.empty()) return;
+    std::snprintf(line, sizeof line, "  layers %lld-%lld: %s each: %s\n", (long long)run_start, (long long)end,
+                  format_bytes(kept_bytes(plan, plan.layers[run_start])).c_str(), previous.c_str());
+    out << line;
+  };
+  for (int64_t i = 0; i < static_cast<int64_t>(plan.layers.size()); ++i) {
+    std::string kept = kept_description(plan.layers[i]);
+    if (kept != previous) {
+      flush(i - 1);
+      previous = kept;
+      run_start = i;
+    }
+  }
+  flush(static_cast<int64_t>(plan.layers.size()) - 1);
+
+  const double flops = plan.step_flops(), recompute = plan.recompute_flops();
+  std::snprintf(line, sizeof line, "\nFLOPs per step: %.3g executed (matmul + causal attention), of which recompute %.3g (%.1f%%)\n",
+                flops, recompute, flops > 0 ? 100.0 * recompute / flops : 0.0);
+  out << line;
+  std::snprintf(line, sizeof line, "model FLOPs per token (torchtitan's count): %.4g\n",
+                plan.model.training_flops_per_token(plan.options.shape.seq_len));
+  out << line;
+
+  if (list_steps) {
+    out << "\nsteps:\n";
+    for (size_t s = 0; s < plan.steps.size(); ++s) {
+      size_t live = 0;
+      for (size_t c = 0; c < kClassCount; ++c) live += plan.memory.live_by_class[s][c];
+      std::snprintf(line, sizeof line, "  %4zu  %-52s %10.3g FLOP  live %s\n", s, plan.steps[s].name().c_str(),
+                    plan.steps[s].flops, format_bytes(live).c_str());
+      out << line;
+    }
+  }
+  return out.str();
+}
+
+nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps) {
+  nlohmann::json j;
+  j["model"] = {{"flavor", plan.model.flavor},       {"dim", plan.model.dim},
+                {"n_layers", plan.model.n_layers},   {"n_heads", plan.model.n_heads},
+                {"n_kv_heads", plan.model.n_kv_heads}, {"ffn_dim", plan.model.ffn_dim},
+                {"vocab_size", plan.model.vocab_size}, {"parameters", plan.model.total_parameters()}};
+  j["policy"] = plan.options.policy.str();
+  j["compute_dtype"] = std::string(dtype_name(plan.options.compute_dtype));
+  j["batch_size"] = plan.options.shape.batch;
+  j["seq_len"] = plan.options.shape.seq_len;
+  j["arena_bytes"] = plan.memory.arena_bytes;
+  j["peak_live_bytes"] = plan.memory.peak_live_bytes;
+  j["peak_step"] = plan.steps[plan.memory.peak_step].name();
+  j["step_flops"] = plan.step_flops();
+  j["recompute_flops"] = plan.recompute_flops();
+  j["model_flops_per_token"] = plan.model.training_flops_per_token(plan.options.shape.seq_len);
+  nlohmann::json classes = nlohmann::json::object();
+  for (size_t c = 0; c < kClassCount; ++c) {
+    size_t total = plan.bytes_of(static_cast<BufferClass>(c));
+    if (total == 0) continue;
+    classes[std::string(buffer_class_name(static_cast<BufferClass>(c)))] = {
+        {"bytes", total}, {"live_at_peak", plan.memory.live_by_class[plan.memory.peak_step][c]}};
+  }
+  j["memory"] = classes;
+  if (list_steps) {
+    nlohmann::json steps = nlohmann::json::array();
+    for (const auto& s : plan.steps) steps.push_back({{"name", s.name()}, {"flops", s.flops}});
+    j["steps"] = steps;
+  }
+  return j;
+}
+
+}  // namespace smelt

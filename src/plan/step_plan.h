@@ -1,0 +1,85 @@
+// StepPlan: one training step as an ordered list of steps over planned buffers.
+// Built from the model, the step shape, the compute dtype and the checkpointing
+// policy; printed by `smelt plan`, executed by the trainer, asserted on by tests.
+#pragma once
+#include <array>
+#include <string>
+#include <vector>
+
+#include "core/memory_plan.h"
+#include "core/tensor.h"
+#include "model/parameters.h"
+#include "plan/checkpoint_policy.h"
+
+namespace smelt {
+
+enum class StepKind : uint8_t {
+  embedding_forward,
+  layer_forward,
+  final_norm_forward,
+  output_head,          // output projection + cross-entropy, forward and backward, chunked
+  final_norm_backward,
+  layer_recompute,
+  layer_backward,
+  embedding_backward,
+  gradient_norm,        // sum of squares of all gradients
+  optimizer,            // clip + AdamW over the flat parameter range
+  cast_weights,         // fp32 master -> compute copies (when the compute dtype is not f32)
+  loss_reduce,          // mean of per-token losses
+};
+
+struct Step {
+  StepKind kind;
+  int layer = -1;       // for layer steps
+  uint8_t op = 0;       // ForwardOp for forward / recompute, BackwardOp for backward
+  double flops = 0;     // matmul + attention FLOPs
+  std::string name() const;  // "forward layers.3.attention.wq"
+};
+
+struct PlanOptions {
+  StepShape shape;
+  DType compute_dtype = DType::f32;
+  CheckpointPolicy policy;
+  int64_t loss_chunk_tokens = 1024;
+  size_t backend_workspace_bytes = 0;
+};
+
+struct PlannedBuffer {
+  BufferRequest request;
+  DType dtype = DType::f32;
+  Shape shape;
+};
+
+// Buffer ids of one block: what its forward writes, what its backward reads
+// (the same id when kept, a recompute buffer otherwise), its gradient temporaries.
+struct LayerBuffers {
+  std::array<int, kActivationCount> forward{};
+  std::array<int, kActivationCount> backward{};
+  std::array<int, kGradientCount> gradient{};
+  KeepSet kept{};
+  std::array<bool, kForwardOpCount> recomputed{};
+};
+
+struct StepPlan {
+  ModelConfig model;
+  PlanOptions options;
+  std::vector<Step> steps;
+  std::vector<PlannedBuffer> buffers;
+  std::vector<LayerBuffers> layers;
+  std::vector<int> residual;  // n_layers + 1 residual-stream buffers
+  // Buffers outside the blocks.
+  int parameters = -1, gradients = -1, exp_avg = -1, exp_avg_sq = -1, compute_weights = -1;
+  int tokens = -1, targets = -1, rope_frequencies = -1, workspace = -1;
+  int final_norm_out = -1, final_rstd = -1, final_norm_out_grad = -1, residual_gradient = -1;
+  int logits = -1, grad_logits = -1, losses = -1, loss = -1, grad_sum_squares = -1;
+  MemoryPlan memory;
+
+  int64_t parameter_count() const;
+  double step_flops() const;       // executed FLOPs, recompute included
+  double recompute_flops() const;
+  size_t bytes_of(BufferClass kind) const;  // sum of buffer sizes of a class (not packed)
+};
+
+StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options);
+
+}  // namespace smelt

@@ -1,0 +1,34 @@
+// Backend factory over the CPU reference and, when built, the CUDA backend.
+#include "train/backends.h"
+
+#include "core/error.h"
+#include "cpu/cpu_backend.h"
+#ifdef SMELT_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
+
+namespace smelt {
+
+int gpu_count() {
+#ifdef SMELT_HAVE_CUDA
+  return cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device) {
+  if (device == "cpu") return make_cpu_backend();
+  if (device == "cuda") {
+#ifdef SMELT_HAVE_CUDA
+    if (cuda_device_count() == 0)
+      fail(ErrorKind::device, "job.device = \"cuda\" but no CUDA GPU is visible; use --job.device=cpu or run on a GPU machine");
+    return make_cuda_backend();
+#else
+    fail(ErrorKind::device, "job.device = \"cuda\" but this smelt was built without CUDA (SMELT_CUDA=OFF); rebuild with nvcc available");
+#endif
+  }
+  fail(ErrorKind::config, "job.device: expected cpu or cuda, found '" + device + "'");
+}
+
+}  // namespace smelt

@@ -1,0 +1,162 @@
+// Executor: binds plan buffers to arena views and dispatches steps to the model code.
+#include "train/executor.h"
+
+#include <cmath>
+#include <vector>
+
+namespace smelt {
+
+Executor::Executor(const StepPlan& plan, Backend& backend)
+    : plan_(plan),
+      backend_(backend),
+      layout_(plan.model),
+      arena_(std::make_unique<Arena>(backend.memory(), plan.memory.arena_bytes)),
+      context_{plan_.model, plan.options.shape, backend, TensorView()} {
+  context_.rope_frequencies = view(plan_.rope_frequencies);
+  if (plan_.workspace >= 0) backend_.set_workspace(view(plan_.workspace));
+  std::vector<float> rope(static_cast<size_t>(view(plan_.rope_frequencies).numel()));
+  rope_frequencies(plan_.model, plan_.options.shape.seq_len, rope.data());
+  backend_.copy_to_device(view(plan_.rope_frequencies), rope.data());
+}
+
+TensorView Executor::view(int buffer) const {
+  const auto& b = plan_.buffers.at(static_cast<size_t>(buffer));
+  return arena_->view(plan_.memory.offsets[static_cast<size_t>(buffer)], b.dtype, b.shape);
+}
+
+TensorView Executor::weight_view(const ParameterInfo& info) const {
+  return ParameterLayout::slice(view(plan_.compute_weights >= 0 ? plan_.compute_weights : plan_.parameters), info);
+}
+
+TensorView Executor::grad_view(const ParameterInfo& info) const {
+  return ParameterLayout::slice(view(plan_.gradients), info);
+}
+
+void Executor::load_parameters(const float* host) {
+  TensorView parameters = view(plan_.parameters);
+  if (parameters.dtype == DType::f64) {  // f64 master weights (finite-difference tests)
+    std::vector<double> wide(host, host + parameters.numel());
+    backend_.copy_to_device(parameters, wide.data());
+  } else {
+    backend_.copy_to_device(parameters, host);
+  }
+  if (plan_.compute_weights >= 0) backend_.convert({view(plan_.parameters), view(plan_.compute_weights)});
+}
+
+void Executor::read_parameters(float* host) {
+  TensorView parameters = view(plan_.parameters);
+  if (parameters.dtype == DType::f64) {
+    std::vector<double> wide(static_cast<size_t>(parameters.numel()));
+    backend_.copy_to_host(wide.data(), parameters);
+    for (size_t i = 0; i < wide.size(); ++i) host[i] = static_cast<float>(wide[i]);
+  } else {
+    backend_.copy_to_host(host, parameters);
+  }
+}
+
+void Executor::reset_optimizer_state() {
+  backend_.fill(view(plan_.exp_avg), 0.0f);
+  backend_.fill(view(plan_.exp_avg_sq), 0.0f);
+  backend_.fill(view(plan_.gradients), 0.0f);
+}
+
+void Executor::load_batch(const int32_t* inputs, const int32_t* targets) {
+  backend_.copy_to_device(view(plan_.tokens), inputs);
+  backend_.copy_to_device(view(plan_.targets), targets);
+}
+
+LayerViews Executor::layer_views(const Step& step) const {
+  LayerViews v;
+  const auto& lb = plan_.layers.at(static_cast<size_t>(step.layer));
+  const auto& ids = step.kind == StepKind::layer_forward ? lb.forward : lb.backward;
+  for (int a = 0; a < kActivationCount; ++a) v.activation[a] = view(ids[a]);
+  if (step.kind == StepKind::layer_backward) {
+    for (int g = 0; g < kGradientCount; ++g) v.gradient[g] = view(lb.gradient[g]);
+    v.residual_gradient = view(plan_.residual_gradient);
+  }
+  for (int w = 0; w < kLayerWeightCount; ++w) {
+    const auto& info = layout_.layer(step.layer, static_cast<LayerWeight>(w));
+    v.weight[w] = weight_view(info);
+    v.weight_grad[w] = grad_view(info);
+  }
+  return v;
+}
+
+HeadViews Executor::head_views() const {
+  HeadViews v;
+  v.tokens = view(plan_.tokens);
+  v.targets = view(plan_.targets);
+  v.embedding = weight_view(layout_.embedding());
+  v.embedding_grad = grad_view(layout_.embedding());
+  v.final_input = view(plan_.residual.back());
+  v.final_norm_weight = weight_view(layout_.final_norm());
+  v.final_norm_grad = grad_view(layout_.final_norm());
+  v.final_norm_out = view(plan_.final_norm_out);
+  v.final_rstd = view(plan_.final_rstd);
+  v.output_weight = weight_view(layout_.output());
+  v.output_grad = grad_view(layout_.output());
+  v.logits = view(plan_.logits);
+  v.grad_logits = view(plan_.grad_logits);
+  v.final_norm_out_grad = view(plan_.final_norm_out_grad);
+  v.losses = view(plan_.losses);
+  v.residual_gradient = view(plan_.residual_gradient);
+  v.first_residual = view(plan_.residual.front());
+  return v;
+}
+
+void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
+  switch (step.kind) {
+    case StepKind::embedding_forward: embedding_forward(head_views(), context_); return;
+    case StepKind::layer_forward:
+    case StepKind::layer_recompute: run_forward_op(static_cast<ForwardOp>(step.op), layer_views(step), context_); return;
+    case StepKind::final_norm_forward: final_norm_forward(head_views(), context_); return;
+    case StepKind::output_head: output_head(head_views(), context_); return;
+    case StepKind::final_norm_backward: final_norm_backward(head_views(), context_); return;
+    case StepKind::layer_backward: run_backward_op(static_cast<BackwardOp>(step.op), layer_views(step), context_); return;
+    case StepKind::embedding_backward: embedding_backward(head_views(), context_); return;
+    case StepKind::gradient_norm: backend_.sum_squares({view(plan_.gradients), view(plan_.grad_sum_squares), false}); return;
+    case StepKind::optimizer: {
+      AdamwArgs a;
+      a.params = view(plan_.parameters);
+      a.grads = view(plan_.gradients);
+      a.exp_avg = view(plan_.exp_avg);
+      a.exp_avg_sq = view(plan_.exp_avg_sq);
+      a.grad_sum_squares = view(plan_.grad_sum_squares);
+      a.lr = optimizer.lr;
+      a.beta1 = optimizer.beta1;
+      a.beta2 = optimizer.beta2;
+      a.eps = optimizer.eps;
+      a.weight_decay = optimizer.weight_decay;
+      a.max_norm = optimizer.max_norm;
+      a.step = optimizer.step;
+      backend_.adamw(a);
+      return;
+    }
+    case StepKind::cast_weights: backend_.convert({view(plan_.parameters), view(plan_.compute_weights)}); return;
+    case StepKind::loss_reduce: backend_.mean({view(plan_.losses), view(plan_.loss)}); return;
+  }
+  SMELT_CHECK(false, "unknown step kind");
+}
+
+void Executor::run_range(size_t first, size_t last, const OptimizerSettings& optimizer) {
+  for (size_t i = first; i < last && i < plan_.steps.size(); ++i) run_step(plan_.steps[i], optimizer);
+}
+
+void Executor::run(const OptimizerSettings& optimizer) { run_range(0, plan_.steps.size(), optimizer); }
+
+static double read_scalar(Backend& backend, const TensorView& v) {
+  if (v.dtype == DType::f64) {
+    double value = 0;
+    backend.copy_to_host(&value, v);
+    return value;
+  }
+  float value = 0;
+  backend.copy_to_host(&value, v);
+  return value;
+}
+
+double Executor::loss() { return read_scalar(backend_, view(plan_.loss)); }
+
+double Executor::gradient_norm() { return std::sqrt(read_scalar(backend_, view(plan_.grad_sum_squares))); }
+
+}  // namespace smelt

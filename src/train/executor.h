@@ -1,0 +1,57 @@
+// Executor: runs a StepPlan's steps on a backend, with every buffer a view into
+// the one arena the MemoryPlan sized. Owns no memory of its own.
+#pragma once
+#include <memory>
+
+#include "model/llama_ops.h"
+#include "plan/step_plan.h"
+
+namespace smelt {
+
+struct OptimizerSettings {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0, max_norm = 0;
+  int64_t step = 1;
+};
+
+class Executor {
+ public:
+  // Allocates the arena (the run's one allocation) from the backend's memory resource.
+  Executor(const StepPlan& plan, Backend& backend);
+
+  const StepPlan& plan() const { return plan_; }
+  Backend& backend() { return backend_; }
+  const Arena& arena() const { return *arena_; }
+  TensorView view(int buffer) const;
+  const ParameterLayout& layout() const { return layout_; }
+
+  // Host-side setup: parameters (fp32, total() floats), zeroed optimizer state, rope table.
+  void load_parameters(const float* host);
+  void read_parameters(float* host);
+  void reset_optimizer_state();
+
+  // Copies a batch (N ids each) into the token buffers.
+  void load_batch(const int32_t* inputs, const int32_t* targets);
+  // Runs every step of the plan once; `optimizer` is used by the optimizer step.
+  void run(const OptimizerSettings& optimizer);
+  // Runs steps [first, last) (tests use this to stop before the optimizer).
+  void run_range(size_t first, size_t last, const OptimizerSettings& optimizer);
+  void run_step(const Step& step, const OptimizerSettings& optimizer);
+
+  // Results of the last step, read from the backend (synchronises).
+  double loss();
+  double gradient_norm();
+
+ private:
+  LayerViews layer_views(const Step& step) const;
+  HeadViews head_views() const;
+  TensorView weight_view(const ParameterInfo& info) const;  // compute dtype
+  TensorView grad_view(const ParameterInfo& info) const;
+
+  const StepPlan& plan_;
+  Backend& backend_;
+  ParameterLayout layout_;
+  std::unique_ptr<Arena> arena_;
+  ModelContext context_;
+};
+
+}  // namespace smelt

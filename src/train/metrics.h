@@ -1,0 +1,40 @@
+// Metrics: the console line and the JSON-lines file of a run, and the
+// throughput arithmetic (tokens/s, TFLOPS and MFU as torchtitan counts them).
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace smelt {
+
+// Dense bf16 peak that MFU is quoted against (H100 / H200 SXM), as torchtitan does for every precision.
+constexpr double kHopperPeakTflops = 989.0;
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0;
+  double grad_norm = 0;
+  double lr = 0;
+  double tokens_per_second = 0;
+  double tflops = 0;
+  double mfu_percent = 0;     // < 0 when there is no meaningful peak (CPU)
+  double memory_gib = 0;      // arena size
+  double elapsed_seconds = 0;
+  double validation_loss = -1;  // < 0 when not measured at this step
+};
+
+class MetricsLog {
+ public:
+  // Opens (truncates) `path` for JSON lines; empty path: console only.
+  explicit MetricsLog(const std::string& path);
+  void write(const StepMetrics& metrics);
+  static std::string console_line(const StepMetrics& metrics);
+
+ private:
+  std::ofstream file_;
+};
+
+// Writes `text` to `path` atomically: a temporary name in the same folder, flushed, renamed.
+void write_file_atomically(const std::string& path, const std::string& text);
+
+}  // namespace smelt

@@ -1,0 +1,69 @@
+// Deriving model shapes, policy and plan options from a config.
+#include "train/run_setup.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace smelt {
+
+WorkspaceShape workspace_shape(const ModelConfig& model, const PlanOptions& options) {
+  WorkspaceShape w;
+  w.tokens = options.shape.tokens();
+  w.seq_len = options.shape.seq_len;
+  w.batch = options.shape.batch;
+  const int64_t chunk = std::min(options.loss_chunk_tokens, w.tokens);
+  w.max_rows = std::max({w.tokens, model.vocab_size, model.ffn_dim, model.dim});
+  w.max_inner = std::max({w.tokens, model.ffn_dim, model.dim, model.vocab_size});
+  w.max_cols = std::max({model.vocab_size, model.ffn_dim, model.dim});
+  (void)chunk;
+  w.heads = model.n_heads;
+  w.kv_heads = model.n_kv_heads;
+  w.head_dim = model.head_dim();
+  w.compute_dtype = options.compute_dtype;
+  return w;
+}
+
+size_t estimated_workspace_bytes(const std::string& device, const WorkspaceShape& shape) {
+  if (device == "cuda") {
+    // cuBLASLt (32 MiB) and cuDNN attention scratch (a few fp32 values per query row and head).
+    return (32u << 20) + static_cast<size_t>(shape.tokens * shape.heads) * 4 * 4;
+  }
+  // CPU: f32 copies of two GEMM operands and the output, bounded by the largest shapes.
+  const size_t largest = static_cast<size_t>(std::max(shape.max_rows, shape.tokens)) *
+                         static_cast<size_t>(std::max(shape.max_inner, shape.max_cols));
+  return 3 * largest * 4;
+}
+
+RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_tokenizer) {
+  validate_config(config);
+  RunSetup setup;
+  setup.config = config;
+  ModelSection preset_only = config.model;
+  bool vocabulary_known = config.model.vocab_size > 0;
+  try {
+    vocabulary_known = vocabulary_known || make_model_config(preset_only, 0).vocab_size > 0;
+  } catch (const Error&) {
+  }
+  if (need_tokenizer || !vocabulary_known) setup.tokenizer = load_tokenizer(config.model.tokenizer_path);
+  const int64_t tokenizer_vocabulary = setup.tokenizer ? setup.tokenizer->vocab_size() : 0;
+  setup.model = make_model_config(config.model, tokenizer_vocabulary);
+  if (setup.model.vocab_size < tokenizer_vocabulary)
+    fail(ErrorKind::config, "model.vocab_size (" + std::to_string(setup.model.vocab_size) +
+                                ") is smaller than the tokenizer's vocabulary (" +
+                                std::to_string(tokenizer_vocabulary) + "); raise it or use another tokenizer");
+  auto& o = setup.plan_options;
+  o.shape.batch = config.training.local_batch_size;
+  o.shape.seq_len = config.training.seq_len;
+  o.compute_dtype = parse_dtype(config.training.mixed_precision_param);
+  o.policy = parse_checkpoint_policy(config.activation_checkpoint.mode);
+  o.loss_chunk_tokens = config.training.loss_chunk_tokens;
+  if (o.policy.mode == CheckpointMode::automatic)
+    fail(ErrorKind::config, "activation_checkpoint.mode = \"auto\" is not available yet; use none, full, selective-op "
+                            "or selective-layer:N (smelt plan shows each one's memory)");
+  const WorkspaceShape ws = workspace_shape(setup.model, o);
+  o.backend_workspace_bytes = backend ? backend->workspace_bytes(ws) : estimated_workspace_bytes(config.job.device, ws);
+  return setup;
+}
+
+}  // namespace smelt

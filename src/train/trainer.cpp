@@ -1,0 +1,176 @@
+// The training loop: plan, allocate, initialise, then step, log and validate.
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <ostream>
+
+#include "data/loader.h"
+#include "plan/plan_report.h"
+#include "train/backends.h"
+#include "train/executor.h"
+#include "train/lr_schedule.h"
+#include "train/metrics.h"
+#include "train/run_setup.h"
+
+namespace smelt {
+
+namespace {
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+// Forward-only pass over `batches` validation batches: the forward steps, the
+// final norm, the output head and the loss. Gradients it touches are rewritten by
+// the next training step before anything reads them.
+double validation_loss(Executor& executor, DataLoader& loader, int64_t batches, std::vector<int32_t>& inputs,
+                       std::vector<int32_t>& targets) {
+  double total = 0;
+  OptimizerSettings unused;
+  for (int64_t b = 0; b < batches; ++b) {
+    loader.next_batch(inputs.data(), targets.data());
+    executor.load_batch(inputs.data(), targets.data());
+    for (const auto& step : executor.plan().steps) {
+      if (step.kind == StepKind::embedding_forward || step.kind == StepKind::layer_forward ||
+          step.kind == StepKind::final_norm_forward || step.kind == StepKind::output_head ||
+          step.kind == StepKind::loss_reduce)
+        executor.run_step(step, unused);
+    }
+    total += executor.loss();
+  }
+  return total / static_cast<double>(std::max<int64_t>(1, batches));
+}
+
+}  // namespace
+
+TrainResult train(const JobConfig& config, std::ostream& log) {
+  using clock = std::chrono::steady_clock;
+  auto backend = make_backend(config.job.device);
+  RunSetup setup = prepare_run(config, backend.get());
+  const auto& model = setup.model;
+  StepPlan plan = build_step_plan(model, setup.plan_options);
+  const StepShape shape = setup.plan_options.shape;
+
+  log << "smelt " << SMELT_VERSION << ": " << describe(model) << "\n";
+  log << "plan: " << plan_summary_line(plan) << "\n";
+
+  TrainResult result;
+  result.run_folder = (std::filesystem::path(config.job.dump_folder) / config.job.name).string();
+  std::filesystem::create_directories(result.run_folder);
+  write_file_atomically(result.run_folder + "/config.json", config_to_json(config));
+
+  DatasetOptions data;
+  data.path = config.training.dataset_path;
+  data.batch_size = shape.batch;
+  data.seq_len = shape.seq_len;
+  data.seed = static_cast<uint64_t>(config.training.seed);
+  data.model_vocab_size = model.vocab_size;
+  data.cache_dir = (std::filesystem::path(config.job.dump_folder) / ".cache").string();
+  Dataset dataset = open_dataset(data, *setup.tokenizer);
+  log << "data: " << dataset.description << "\n";
+
+  Executor executor(plan, *backend);
+  result.arena_bytes = executor.arena().size();
+  {
+    std::vector<float> host(static_cast<size_t>(executor.layout().total()), 0.0f);
+    initialize_parameters(executor.layout(), model, static_cast<uint64_t>(config.training.seed), host.data());
+    executor.load_parameters(host.data());
+    executor.reset_optimizer_state();
+  }
+  log << "memory: one " << backend->name() << " arena of " << format_bytes(executor.arena().size())
+      << ", nothing allocated after this point\n";
+
+  LrSchedule schedule;
+  schedule.lr = config.optimizer.lr;
+  schedule.warmup_steps = config.lr_scheduler.warmup_steps;
+  schedule.total_steps = config.training.steps;
+  schedule.decay_ratio = config.lr_scheduler.decay_ratio;
+  schedule.decay = parse_decay_type(config.lr_scheduler.decay_type);
+  schedule.min_lr_factor = config.lr_scheduler.min_lr_factor;
+
+  OptimizerSettings optimizer;
+  optimizer.beta1 = static_cast<float>(config.optimizer.beta1);
+  optimizer.beta2 = static_cast<float>(config.optimizer.beta2);
+  optimizer.eps = static_cast<float>(config.optimizer.eps);
+  optimizer.weight_decay = static_cast<float>(config.optimizer.weight_decay);
+  optimizer.max_norm = static_cast<float>(config.training.max_norm);
+
+  MetricsLog metrics(result.run_folder + "/metrics.jsonl");
+  const double flops_per_token = model.training_flops_per_token(shape.seq_len);
+  const int64_t tokens_per_step = shape.tokens();
+  const bool on_gpu = backend->device() == Device::cuda;
+  std::vector<int32_t> inputs(static_cast<size_t>(tokens_per_step)), targets(inputs.size());
+  std::vector<double> step_seconds;
+  const auto start = clock::now();
+  auto interval_start = start;
+  int64_t interval_steps = 0;
+
+  auto run_validation = [&]() -> double {
+    if (!config.validation.enable || !dataset.validation) return -1;
+    return validation_loss(executor, *dataset.validation, config.validation.steps, inputs, targets);
+  };
+  if (config.validation.enable && dataset.validation) {
+    result.first_validation_loss = run_validation();
+    log << "validation loss before training: " << result.first_validation_loss << "\n";
+  }
+
+  for (int64_t step = 1; step <= config.training.steps; ++step) {
+    const auto step_start = clock::now();
+    dataset.train->next_batch(inputs.data(), targets.data());
+    executor.load_batch(inputs.data(), targets.data());
+    optimizer.lr = static_cast<float>(schedule.at(step));
+    optimizer.step = step;
+    executor.run(optimizer);
+    const double loss = executor.loss();  // synchronises: the step is complete
+    step_seconds.push_back(std::chrono::duration<double>(clock::now() - step_start).count());
+    result.losses.push_back(loss);
+    if (step == 1) result.first_loss = loss;
+    result.final_loss = loss;
+    ++interval_steps;
+    if (!std::isfinite(loss))
+      fail(ErrorKind::internal, "loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
+                                    "; lower optimizer.lr or check the data");
+
+    const bool validate = config.validation.enable && dataset.validation &&
+                          (step % config.validation.freq == 0 || step == config.training.steps);
+    const bool report = step == 1 || step % config.metrics.log_freq == 0 || step == config.training.steps;
+    if (!report && !validate) continue;
+    const auto now = clock::now();
+    const double interval = std::chrono::duration<double>(now - interval_start).count();
+    StepMetrics m;
+    m.step = step;
+    m.loss = loss;
+    m.grad_norm = executor.gradient_norm();
+    m.lr = optimizer.lr;
+    m.tokens_per_second = static_cast<double>(interval_steps * tokens_per_step) / std::max(interval, 1e-9);
+    m.tflops = m.tokens_per_second * flops_per_token / 1e12;
+    m.mfu_percent = on_gpu ? 100.0 * m.tflops / kHopperPeakTflops : -1;
+    m.memory_gib = static_cast<double>(executor.arena().size()) / double(1ull << 30);
+    m.elapsed_seconds = std::chrono::duration<double>(now - start).count();
+    if (validate) {
+      m.validation_loss = run_validation();
+      result.final_validation_loss = m.validation_loss;
+    }
+    metrics.write(m);
+    log << MetricsLog::console_line(m) << "\n" << std::flush;
+    interval_start = clock::now();
+    interval_steps = 0;
+  }
+
+  result.steps = config.training.steps;
+  result.seconds = std::chrono::duration<double>(clock::now() - start).count();
+  // Median over steps after the first few (warm-up: caches, library heuristics).
+  std::vector<double> steady(step_seconds.begin() + std::min<size_t>(step_seconds.size() / 4, 5), step_seconds.end());
+  double median_seconds = median(steady.empty() ? step_seconds : steady);
+  result.median_tokens_per_second = median_seconds > 0 ? static_cast<double>(tokens_per_step) / median_seconds : 0;
+  result.median_tflops = result.median_tokens_per_second * flops_per_token / 1e12;
+  return result;
+}
+
+}  // namespace smelt

@@ -1,0 +1,84 @@
+// Tests of the CPU dtype conversion op: every pair of f64, f32 and bf16 against scalar casts.
+#include "cpu/convert.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/numerics.h"
+
+namespace smelt {
+namespace {
+
+std::vector<double> random_doubles(size_t count, uint32_t seed) {
+  std::mt19937 random(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::uniform_real_distribution<double> log_magnitude(-30.0, 30.0);
+  std::vector<double> values(count);
+  for (double& v : values) v = normal(random) * std::pow(10.0, log_magnitude(random));
+  return values;
+}
+
+TEST(CpuConvert, EveryPairMatchesScalarCasts) {
+  const size_t count = 4096;
+  std::vector<double> f64 = random_doubles(count, 3);
+  f64[0] = std::numeric_limits<double>::infinity();
+  f64[1] = -0.0;
+  f64[2] = std::numeric_limits<double>::quiet_NaN();
+  f64[3] = 1e300;  // overflows f32 and bf16
+
+  std::vector<float> f32(count, std::numeric_limits<float>::quiet_NaN());
+  cpu::convert({TensorView(f64.data(), DType::f64, Shape{64, 64}), TensorView(f32.data(), DType::f32, Shape{4096})});
+  for (size_t i = 0; i < count; ++i) {
+    if (std::isnan(f64[i])) {
+      EXPECT_TRUE(std::isnan(f32[i]));
+    } else {
+      ASSERT_EQ(f32[i], static_cast<float>(f64[i])) << i;
+    }
+  }
+  EXPECT_TRUE(std::signbit(f32[1]));
+  EXPECT_EQ(f32[3], std::numeric_limits<float>::infinity());
+
+  std::vector<uint16_t> bf16_from_f32(count, 0x7FC0), bf16_from_f64(count, 0x7FC0);
+  cpu::convert({TensorView(f32.data(), DType::f32, Shape{4096}), TensorView(bf16_from_f32.data(), DType::bf16, Shape{4096})});
+  cpu::convert({TensorView(f64.data(), DType::f64, Shape{4096}), TensorView(bf16_from_f64.data(), DType::bf16, Shape{4096})});
+  int inexact = 0;
+  for (size_t i = 0; i < count; ++i) {
+    ASSERT_EQ(bf16_from_f32[i], float_to_bf16(f32[i])) << i;
+    ASSERT_EQ(bf16_from_f64[i], float_to_bf16(static_cast<float>(f64[i]))) << i;
+    inexact += bf16_to_float(bf16_from_f32[i]) != f32[i];
+  }
+  EXPECT_GT(inexact, int(count) / 2);  // the data really needed rounding
+
+  std::vector<float> f32_from_bf16(count, std::numeric_limits<float>::quiet_NaN());
+  std::vector<double> f64_from_bf16(count, std::numeric_limits<double>::quiet_NaN());
+  std::vector<double> f64_from_f32(count, std::numeric_limits<double>::quiet_NaN());
+  cpu::convert({TensorView(bf16_from_f32.data(), DType::bf16, Shape{4096}), TensorView(f32_from_bf16.data(), DType::f32, Shape{4096})});
+  cpu::convert({TensorView(bf16_from_f32.data(), DType::bf16, Shape{4096}), TensorView(f64_from_bf16.data(), DType::f64, Shape{4096})});
+  cpu::convert({TensorView(f32.data(), DType::f32, Shape{4096}), TensorView(f64_from_f32.data(), DType::f64, Shape{4096})});
+  for (size_t i = 3; i < count; ++i) {
+    ASSERT_EQ(f32_from_bf16[i], bf16_to_float(bf16_from_f32[i])) << i;
+    ASSERT_EQ(f64_from_bf16[i], double(bf16_to_float(bf16_from_f32[i]))) << i;
+    ASSERT_EQ(f64_from_f32[i], double(f32[i])) << i;
+  }
+  EXPECT_TRUE(std::isnan(f32_from_bf16[2]) && std::isnan(f64_from_bf16[2]) && std::isnan(f64_from_f32[2]));
+
+  std::vector<float> copy(count, std::numeric_limits<float>::quiet_NaN());
+  cpu::convert({TensorView(f32.data(), DType::f32, Shape{4096}), TensorView(copy.data(), DType::f32, Shape{4096})});
+  for (size_t i = 3; i < count; ++i) ASSERT_EQ(copy[i], f32[i]) << i;
+}
+
+TEST(CpuConvert, RejectsBadArguments) {
+  std::vector<float> a(8, 1.0f), b(9, 0.0f);
+  std::vector<uint8_t> float8(8);
+  EXPECT_THROW(cpu::convert({TensorView(a.data(), DType::f32, Shape{8}), TensorView(b.data(), DType::f32, Shape{9})}), Error);
+  EXPECT_THROW(cpu::convert({TensorView(a.data(), DType::f32, Shape{8}), TensorView(float8.data(), DType::e4m3, Shape{8})}), Error);
+  EXPECT_THROW(cpu::convert({TensorView(a.data(), DType::f32, Shape{8}, Device::cuda), TensorView(b.data(), DType::f32, Shape{8})}), Error);
+}
+
+}  // namespace
+}  // namespace smelt

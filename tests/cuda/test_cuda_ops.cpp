@@ -1,0 +1,244 @@
+// Every element-wise, normalisation, reduction, optimizer and GEMM op of the CUDA backend
+// against the CPU reference on fresh seeded random inputs, in f32 and bf16, outputs
+// poisoned with NaN before the kernels run.
+#include "cuda_test_support.h"
+
+namespace smelt::test {
+namespace {
+
+const DType kActivationTypes[] = {DType::f32, DType::bf16};
+
+class CudaOps : public CudaOpsTest {};
+
+TEST_F(CudaOps, GemmMatchesCpuForEveryLayoutAndDtype) {
+  const int64_t M = 96, K = 80, N = 112;
+  uint64_t seed = 100;
+  for (DType in : kActivationTypes)
+    for (DType out_type : {in, DType::f32})
+      for (int layout = 0; layout < 3; ++layout)
+        for (int mode = 0; mode < 3; ++mode) {  // 0 plain, 1 addend, 2 accumulate
+          const bool transpose_a = layout == 2, transpose_b = layout == 1;
+          HostTensor a = random_tensor(in, transpose_a ? Shape{K, M} : Shape{M, K}, ++seed);
+          HostTensor b = random_tensor(in, transpose_b ? Shape{N, K} : Shape{K, N}, ++seed);
+          HostTensor addend = random_tensor(out_type, Shape{M, N}, ++seed);
+          HostTensor want = mode == 2 ? addend : nan_tensor(out_type, Shape{M, N});
+          GemmArgs cpu_args{a.view, transpose_a, b.view, transpose_b, want.view};
+          if (mode == 1) cpu_args.addend = addend.view;
+          cpu_args.accumulate = mode == 2;
+          cpu_->gemm(cpu_args);
+
+          TensorView out = mode == 2 ? upload(addend) : poisoned(out_type, Shape{M, N});
+          GemmArgs args{upload(a), transpose_a, upload(b), transpose_b, out};
+          if (mode == 1) args.addend = upload(addend);
+          args.accumulate = mode == 2;
+          cuda_->gemm(args);
+          expect_close(want, download(out), tolerance_for(in),
+                       "gemm " + std::string(dtype_name(in)) + "->" + std::string(dtype_name(out_type)) + " layout " +
+                           std::to_string(layout) + " mode " + std::to_string(mode));
+        }
+}
+
+TEST_F(CudaOps, EmbeddingForwardAndBackwardMatchCpu) {
+  const int64_t count = 300, vocabulary = 97, dim = 64;
+  for (DType dtype : kActivationTypes) {
+    HostTensor tokens = random_ids(Shape{count}, 1, int32_t(vocabulary));
+    HostTensor table = random_tensor(dtype, Shape{vocabulary, dim}, 2);
+    HostTensor grad_out = random_tensor(dtype, Shape{count, dim}, 3);
+    HostTensor want_out = nan_tensor(dtype, Shape{count, dim}), want_grad = nan_tensor(DType::f32, Shape{vocabulary, dim});
+    cpu_->embedding_forward({tokens.view, table.view, want_out.view});
+    cpu_->embedding_backward({tokens.view, grad_out.view, want_grad.view});
+    TensorView device_tokens = upload(tokens);
+    TensorView out = poisoned(dtype, Shape{count, dim}), grad = poisoned(DType::f32, Shape{vocabulary, dim});
+    cuda_->embedding_forward({device_tokens, upload(table), out});
+    cuda_->embedding_backward({device_tokens, upload(grad_out), grad});
+    expect_bits_equal(want_out, download(out), "embedding forward " + std::string(dtype_name(dtype)));
+    expect_close(want_grad, download(grad), 1e-5, "embedding backward " + std::string(dtype_name(dtype)));
+  }
+}
+
+TEST_F(CudaOps, RmsNormForwardAndBackwardMatchCpu) {
+  const int64_t rows = 257, dim = 320;
+  for (DType dtype : kActivationTypes)
+    for (bool accumulate : {false, true}) {
+      HostTensor x = random_tensor(dtype, Shape{rows, dim}, 10), weight = random_tensor(dtype, Shape{dim}, 11);
+      HostTensor grad_out = random_tensor(dtype, Shape{rows, dim}, 12), prior = random_tensor(dtype, Shape{rows, dim}, 13);
+      HostTensor out = nan_tensor(dtype, Shape{rows, dim}), rstd = nan_tensor(DType::f32, Shape{rows});
+      HostTensor grad_input = accumulate ? prior : nan_tensor(dtype, Shape{rows, dim});
+      HostTensor grad_weight = nan_tensor(DType::f32, Shape{dim});
+      cpu_->rmsnorm_forward({x.view, weight.view, out.view, rstd.view, 1e-5f});
+      cpu_->rmsnorm_backward({x.view, weight.view, rstd.view, grad_out.view, grad_input.view, accumulate, grad_weight.view});
+
+      TensorView dx = upload(x), dweight = upload(weight);
+      TensorView d_out = poisoned(dtype, Shape{rows, dim}), d_rstd = poisoned(DType::f32, Shape{rows});
+      TensorView d_grad_input = accumulate ? upload(prior) : poisoned(dtype, Shape{rows, dim});
+      TensorView d_grad_weight = poisoned(DType::f32, Shape{dim});
+      cuda_->rmsnorm_forward({dx, dweight, d_out, d_rstd, 1e-5f});
+      cuda_->rmsnorm_backward({dx, dweight, d_rstd, upload(grad_out), d_grad_input, accumulate, d_grad_weight});
+      const std::string name = "rmsnorm " + std::string(dtype_name(dtype)) + (accumulate ? " accumulate" : "");
+      expect_close(out, download(d_out), elementwise_tolerance(dtype), name + " out");
+      expect_close(rstd, download(d_rstd), 1e-5, name + " rstd");
+      expect_close(grad_input, download(d_grad_input), elementwise_tolerance(dtype) * 2, name + " grad_input");
+      expect_close(grad_weight, download(d_grad_weight), 1e-4, name + " grad_weight");
+    }
+}
+
+TEST_F(CudaOps, RopeForwardAndInverseMatchCpu) {
+  const int64_t seq_len = 24, batch = 3, heads = 4, head_dim = 32;
+  HostTensor frequencies(DType::f32, Shape{seq_len, head_dim / 2, 2});
+  for (int64_t t = 0; t < seq_len; ++t)
+    for (int64_t i = 0; i < head_dim / 2; ++i) {
+      const double angle = t * std::pow(10000.0, -2.0 * i / head_dim);
+      frequencies.set((t * head_dim / 2 + i) * 2, std::cos(angle));
+      frequencies.set((t * head_dim / 2 + i) * 2 + 1, std::sin(angle));
+    }
+  TensorView device_frequencies = upload(frequencies);
+  for (DType dtype : kActivationTypes)
+    for (bool inverse : {false, true}) {
+      HostTensor x = random_tensor(dtype, Shape{batch * seq_len, heads, head_dim}, 20 + inverse);
+      TensorView device_x = upload(x);
+      cpu_->rope({x.view, frequencies.view, seq_len, inverse});
+      cuda_->rope({device_x, device_frequencies, seq_len, inverse});
+      expect_close(x, download(device_x), elementwise_tolerance(dtype),
+                   "rope " + std::string(dtype_name(dtype)) + (inverse ? " inverse" : ""));
+    }
+}
+
+TEST_F(CudaOps, SwigluForwardAndBackwardMatchCpu) {
+  const Shape shape{129, 200};
+  for (DType dtype : kActivationTypes) {
+    HostTensor gate = random_tensor(dtype, shape, 30, 2.0), up = random_tensor(dtype, shape, 31);
+    HostTensor grad_out = random_tensor(dtype, shape, 32);
+    HostTensor out = nan_tensor(dtype, shape), grad_gate = nan_tensor(dtype, shape), grad_up = nan_tensor(dtype, shape);
+    cpu_->swiglu_forward({gate.view, up.view, out.view});
+    cpu_->swiglu_backward({gate.view, up.view, grad_out.view, grad_gate.view, grad_up.view});
+    TensorView d_gate = upload(gate), d_up = upload(up);
+    TensorView d_out = poisoned(dtype, shape), d_grad_gate = poisoned(dtype, shape), d_grad_up = poisoned(dtype, shape);
+    cuda_->swiglu_forward({d_gate, d_up, d_out});
+    cuda_->swiglu_backward({d_gate, d_up, upload(grad_out), d_grad_gate, d_grad_up});
+    const std::string name = "swiglu " + std::string(dtype_name(dtype));
+    expect_close(out, download(d_out), elementwise_tolerance(dtype), name + " out");
+    expect_close(grad_gate, download(d_grad_gate), elementwise_tolerance(dtype), name + " grad_gate");
+    expect_close(grad_up, download(d_grad_up), elementwise_tolerance(dtype), name + " grad_up");
+  }
+}
+
+TEST_F(CudaOps, CrossEntropyMatchesCpuWithIgnoredRowsAndAliasing) {
+  const int64_t rows = 33, vocabulary = 1000;
+  for (DType gradient_type : kActivationTypes)
+    for (bool alias : {false, true}) {
+      if (alias && gradient_type != DType::f32) continue;
+      HostTensor logits = random_tensor(DType::f32, Shape{rows, vocabulary}, 40, 3.0);
+      HostTensor targets = random_ids(Shape{rows}, 41, int32_t(vocabulary));
+      targets.view.as<int32_t>()[5] = -1;  // ignored row
+      HostTensor losses = nan_tensor(DType::f32, Shape{rows});
+      HostTensor grad = nan_tensor(gradient_type, Shape{rows, vocabulary});
+      HostTensor cpu_logits = logits;
+      cpu_->cross_entropy({cpu_logits.view, targets.view, losses.view, alias ? cpu_logits.view : grad.view, 0.03f});
+      TensorView d_logits = upload(logits);
+      TensorView d_losses = poisoned(DType::f32, Shape{rows});
+      TensorView d_grad = alias ? d_logits : poisoned(gradient_type, Shape{rows, vocabulary});
+      cuda_->cross_entropy({d_logits, upload(targets), d_losses, d_grad, 0.03f});
+      const std::string name = "cross_entropy " + std::string(dtype_name(gradient_type)) + (alias ? " aliased" : "");
+      expect_close(losses, download(d_losses), 1e-5, name + " losses");
+      expect_close(alias ? cpu_logits : grad, download(d_grad), elementwise_tolerance(gradient_type), name + " grad");
+    }
+}
+
+TEST_F(CudaOps, ReductionsMatchCpuAndRepeatBitForBit) {
+  for (DType dtype : kActivationTypes) {
+    HostTensor x = random_tensor(dtype, Shape{100003}, 50);
+    HostTensor sum = nan_tensor(DType::f32, Shape{1}), average = nan_tensor(DType::f32, Shape{1});
+    sum.set(0, 2.5);
+    cpu_->sum_squares({x.view, sum.view, true});
+    cpu_->mean({x.view, average.view});
+    TensorView d_x = upload(x);
+    HostTensor start(DType::f32, Shape{1});
+    start.set(0, 2.5);
+    TensorView d_sum = upload(start), d_average = poisoned(DType::f32, Shape{1});
+    cuda_->sum_squares({d_x, d_sum, true});
+    cuda_->mean({d_x, d_average});
+    const std::string name = "reductions " + std::string(dtype_name(dtype));
+    expect_close(sum, download(d_sum), 1e-6, name + " sum_squares");
+    expect_close(average, download(d_average), 1e-5, name + " mean");
+    HostTensor first = download(d_average);
+    cuda_->mean({d_x, d_average});
+    expect_bits_equal(first, download(d_average), name + " mean repeated");
+  }
+}
+
+TEST_F(CudaOps, AdamwMatchesCpuWithAndWithoutClipping) {
+  const int64_t count = 50000;
+  for (float max_norm : {0.0f, 1.0f}) {
+    HostTensor params = random_tensor(DType::f32, Shape{count}, 60), grads = random_tensor(DType::f32, Shape{count}, 61);
+    HostTensor exp_avg = random_tensor(DType::f32, Shape{count}, 62, 0.1), exp_avg_sq(DType::f32, Shape{count});
+    HostTensor seed_sq = random_tensor(DType::f32, Shape{count}, 63, 0.1);
+    for (int64_t i = 0; i < count; ++i) exp_avg_sq.set(i, seed_sq.get(i) * seed_sq.get(i));
+    HostTensor sum_squares(DType::f32, Shape{1});
+    double total = 0;
+    for (int64_t i = 0; i < count; ++i) total += grads.get(i) * grads.get(i);
+    sum_squares.set(0, total);
+    TensorView d_params = upload(params), d_grads = upload(grads), d_m = upload(exp_avg), d_v = upload(exp_avg_sq);
+    AdamwArgs args{params.view, grads.view, exp_avg.view, exp_avg_sq.view, sum_squares.view};
+    args.lr = 3e-3f;
+    args.weight_decay = 0.1f;
+    args.max_norm = max_norm;
+    args.step = 7;
+    cpu_->adamw(args);
+    AdamwArgs device_args = args;
+    device_args.params = d_params;
+    device_args.grads = d_grads;
+    device_args.exp_avg = d_m;
+    device_args.exp_avg_sq = d_v;
+    device_args.grad_sum_squares = upload(sum_squares);
+    cuda_->adamw(device_args);
+    const std::string name = max_norm > 0 ? "adamw clipped" : "adamw";
+    expect_close(params, download(d_params), 1e-6, name + " params");
+    expect_close(grads, download(d_grads), 1e-6, name + " grads");
+    expect_close(exp_avg, download(d_m), 1e-6, name + " exp_avg");
+    expect_close(exp_avg_sq, download(d_v), 1e-6, name + " exp_avg_sq");
+  }
+}
+
+TEST_F(CudaOps, ConvertRoundsLikeCpu) {
+  HostTensor source = random_tensor(DType::f32, Shape{4097}, 70, 100.0);
+  HostTensor want(DType::bf16, Shape{4097}), back(DType::f32, Shape{4097});
+  cpu_->convert({source.view, want.view});
+  cpu_->convert({want.view, back.view});
+  TensorView d_bf16 = poisoned(DType::bf16, Shape{4097}), d_back = poisoned(DType::f32, Shape{4097});
+  cuda_->convert({upload(source), d_bf16});
+  cuda_->convert({d_bf16, d_back});
+  expect_bits_equal(want, download(d_bf16), "convert f32 -> bf16");
+  expect_bits_equal(back, download(d_back), "convert bf16 -> f32");
+}
+
+TEST_F(CudaOps, Float8OpsAreBitExactAgainstCpu) {
+  const int64_t rows = 37, cols = 300;
+  for (DType source_type : kActivationTypes)
+    for (DType float8 : {DType::e4m3, DType::e5m2})
+      for (bool rowwise : {false, true}) {
+        HostTensor x = random_tensor(source_type, Shape{rows, cols}, 80, 5.0);
+        const Shape stat_shape = rowwise ? Shape{rows} : Shape{1};
+        HostTensor amax = nan_tensor(DType::f32, stat_shape), scale(DType::f32, stat_shape);
+        cpu_->amax({x.view, amax.view, rowwise});
+        for (int64_t i = 0; i < scale.numel(); ++i)
+          scale.set(i, amax_to_scale(float(amax.get(i)), float8 == DType::e4m3 ? Float8Format::e4m3 : Float8Format::e5m2, false));
+        HostTensor quantized(float8, Shape{rows, cols}), restored = nan_tensor(source_type, Shape{rows, cols});
+        cpu_->quantize({x.view, quantized.view, scale.view, rowwise});
+        cpu_->dequantize({quantized.view, restored.view, scale.view, rowwise});
+
+        TensorView d_x = upload(x), d_scale = upload(scale);
+        TensorView d_amax = poisoned(DType::f32, stat_shape), d_quantized = poisoned(float8, Shape{rows, cols});
+        TensorView d_restored = poisoned(source_type, Shape{rows, cols});
+        cuda_->amax({d_x, d_amax, rowwise});
+        cuda_->quantize({d_x, d_quantized, d_scale, rowwise});
+        cuda_->dequantize({d_quantized, d_restored, d_scale, rowwise});
+        const std::string name = std::string(dtype_name(source_type)) + "->" + std::string(dtype_name(float8)) +
+                                 (rowwise ? " rowwise" : " tensorwise");
+        expect_bits_equal(amax, download(d_amax), "amax " + name);
+        expect_bits_equal(quantized, download(d_quantized), "quantize " + name);
+        expect_bits_equal(restored, download(d_restored), "dequantize " + name);
+      }
+}
+
+}  // namespace
+}  // namespace smelt::test

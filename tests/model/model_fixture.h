@@ -1,0 +1,92 @@
+// A tiny Llama model planned, allocated and initialised on the CPU backend, for
+// whole-model tests: gradients, policy equivalence, allocation counts.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "core/random.h"
+#include "cpu/cpu_backend.h"
+#include "train/executor.h"
+
+namespace smelt::testing {
+
+inline ModelConfig tiny_model(int64_t layers = 2) {
+  ModelSection s;
+  s.flavor = "debugmodel";
+  s.dim = 16;
+  s.n_layers = layers;
+  s.n_heads = 4;
+  s.n_kv_heads = 2;
+  s.ffn_dim = 24;
+  s.vocab_size = 11;
+  return make_model_config(s, 0);
+}
+
+struct TinyRun {
+  std::unique_ptr<Backend> backend = make_cpu_backend();
+  StepPlan plan;
+  std::unique_ptr<Executor> executor;
+
+  TinyRun(const ModelConfig& model, DType compute, const std::string& policy, int64_t batch, int64_t seq,
+          int64_t loss_chunk = 3) {
+    PlanOptions o;
+    o.shape = {batch, seq};
+    o.compute_dtype = compute;
+    o.policy = parse_checkpoint_policy(policy);
+    o.loss_chunk_tokens = loss_chunk;
+    WorkspaceShape w;
+    w.tokens = batch * seq;
+    w.seq_len = seq;
+    w.batch = batch;
+    w.max_rows = std::max({w.tokens, model.vocab_size, model.ffn_dim, model.dim});
+    w.max_inner = w.max_rows;
+    w.max_cols = w.max_rows;
+    w.heads = model.n_heads;
+    w.kv_heads = model.n_kv_heads;
+    w.head_dim = model.head_dim();
+    w.compute_dtype = compute;
+    o.backend_workspace_bytes = backend->workspace_bytes(w);
+    plan = build_step_plan(model, o);
+    executor = std::make_unique<Executor>(plan, *backend);
+  }
+
+  void initialise(uint64_t seed) {
+    std::vector<float> host(static_cast<size_t>(executor->layout().total()));
+    initialize_parameters(executor->layout(), plan.model, seed, host.data());
+    // Norm weights of 1 would hide errors in their gradients: perturb them.
+    Random random(seed, 99);
+    for (const auto& p : executor->layout().parameters())
+      if (p.name.find("norm") != std::string::npos)
+        for (int64_t i = 0; i < p.numel(); ++i) host[static_cast<size_t>(p.offset + i)] = 1.0f + 0.3f * float(random.normal());
+    executor->load_parameters(host.data());
+    executor->reset_optimizer_state();
+  }
+
+  void load_random_batch(uint64_t seed) {
+    const int64_t n = plan.options.shape.tokens();
+    std::vector<int32_t> inputs(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
+    Random random(seed, 5);
+    for (auto& t : inputs) t = static_cast<int32_t>(random.below(static_cast<uint64_t>(plan.model.vocab_size)));
+    for (auto& t : targets) t = static_cast<int32_t>(random.below(static_cast<uint64_t>(plan.model.vocab_size)));
+    executor->load_batch(inputs.data(), targets.data());
+  }
+
+  // Forward, backward and the loss, without the optimizer.
+  void forward_backward() {
+    OptimizerSettings unused;
+    for (const auto& step : plan.steps)
+      if (step.kind != StepKind::optimizer && step.kind != StepKind::cast_weights) executor->run_step(step, unused);
+  }
+  // Forward only, up to the loss.
+  double loss_only() {
+    OptimizerSettings unused;
+    for (const auto& step : plan.steps)
+      if (step.kind == StepKind::embedding_forward || step.kind == StepKind::layer_forward ||
+          step.kind == StepKind::final_norm_forward || step.kind == StepKind::output_head ||
+          step.kind == StepKind::loss_reduce)
+        executor->run_step(step, unused);
+    return executor->loss();
+  }
+};
+
+}  // namespace smelt::testing

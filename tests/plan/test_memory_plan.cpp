@@ -1,0 +1,73 @@
+// MemoryPlan packing: buffers live at the same time never share memory, the arena
+// holds them all, and memory is reused when lifetimes do not overlap.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/memory_plan.h"
+#include "core/random.h"
+
+namespace smelt {
+namespace {
+
+void expect_valid_packing(const std::vector<BufferRequest>& requests, const MemoryPlan& plan) {
+  ASSERT_EQ(plan.offsets.size(), requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(plan.offsets[i] % kBufferAlignment, 0u);
+    EXPECT_LE(plan.offsets[i] + requests[i].bytes, plan.arena_bytes) << requests[i].name;
+    for (size_t j = i + 1; j < requests.size(); ++j) {
+      const auto &a = requests[i], &b = requests[j];
+      bool live_together = a.first_step <= b.last_step && b.first_step <= a.last_step;
+      bool memory_overlaps = plan.offsets[i] < plan.offsets[j] + b.bytes && plan.offsets[j] < plan.offsets[i] + a.bytes;
+      if (a.bytes > 0 && b.bytes > 0) EXPECT_FALSE(live_together && memory_overlaps) << a.name << " and " << b.name;
+    }
+  }
+  EXPECT_GE(plan.arena_bytes, plan.peak_live_bytes);
+}
+
+TEST(MemoryPlan, RandomBuffersNeverOverlapWhileLive) {
+  Random random(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int steps = 1 + static_cast<int>(random.below(40));
+    std::vector<BufferRequest> requests;
+    const int count = 1 + static_cast<int>(random.below(60));
+    for (int i = 0; i < count; ++i) {
+      int first = static_cast<int>(random.below(static_cast<uint64_t>(steps)));
+      int last = first + static_cast<int>(random.below(static_cast<uint64_t>(steps - first)));
+      requests.push_back({"b" + std::to_string(i), 1 + random.below(100000), first, last, BufferClass::activations});
+    }
+    MemoryPlan plan = pack_buffers(requests, steps);
+    expect_valid_packing(requests, plan);
+  }
+}
+
+TEST(MemoryPlan, DisjointLifetimesShareMemory) {
+  std::vector<BufferRequest> requests = {
+      {"a", 1000, 0, 1, BufferClass::activations},
+      {"b", 1000, 2, 3, BufferClass::activations},
+      {"c", 1000, 4, 5, BufferClass::activations},
+  };
+  MemoryPlan plan = pack_buffers(requests, 6);
+  EXPECT_EQ(plan.arena_bytes, 1024u);  // one aligned slot reused three times
+  EXPECT_EQ(plan.peak_live_bytes, 1024u);
+}
+
+TEST(MemoryPlan, PeakStepAndClassBreakdown) {
+  std::vector<BufferRequest> requests = {
+      {"weights", 4096, 0, 4, BufferClass::parameters},
+      {"x", 2048, 1, 2, BufferClass::activations},
+      {"y", 8192, 2, 3, BufferClass::activations},
+  };
+  MemoryPlan plan = pack_buffers(requests, 5);
+  EXPECT_EQ(plan.peak_step, 2);
+  EXPECT_EQ(plan.peak_live_bytes, 4096u + 2048u + 8192u);
+  EXPECT_EQ(plan.live_by_class[2][static_cast<size_t>(BufferClass::parameters)], 4096u);
+  EXPECT_EQ(plan.live_by_class[4][static_cast<size_t>(BufferClass::activations)], 0u);
+}
+
+TEST(MemoryPlan, RejectsBadLiveRange) {
+  std::vector<BufferRequest> requests = {{"bad", 16, 3, 1, BufferClass::activations}};
+  EXPECT_THROW(pack_buffers(requests, 5), Error);
+}
+
+}  // namespace
+}  // namespace smelt

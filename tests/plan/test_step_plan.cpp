@@ -1,0 +1,202 @@
+// StepPlan: policies keep what they promise, recompute exactly what is missing,
+// the packed arena is valid, and memory falls as the policy keeps less.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "plan/plan_report.h"
+#include "plan/step_plan.h"
+
+namespace smelt {
+namespace {
+
+ModelConfig eight_billion(int64_t layers) {
+  ModelSection section;
+  section.flavor = "llama3_8b";
+  section.n_layers = layers;
+  return make_model_config(section, 0);
+}
+
+PlanOptions options(const std::string& policy, int64_t batch = 1, int64_t seq = 8192) {
+  PlanOptions o;
+  o.shape = {batch, seq};
+  o.compute_dtype = DType::bf16;
+  o.policy = parse_checkpoint_policy(policy);
+  o.loss_chunk_tokens = 1024;
+  return o;
+}
+
+std::set<std::string> kept_names(const LayerBuffers& lb) {
+  std::set<std::string> names;
+  for (int a = 0; a < kActivationCount; ++a)
+    if (lb.kept[a]) names.insert(std::string(activation_name(static_cast<Activation>(a))));
+  return names;
+}
+
+std::set<ForwardOp> recomputed(const LayerBuffers& lb) {
+  std::set<ForwardOp> ops;
+  for (int op = 0; op < kForwardOpCount; ++op)
+    if (lb.recomputed[op]) ops.insert(static_cast<ForwardOp>(op));
+  return ops;
+}
+
+TEST(CheckpointPolicy, ParsesEveryModeAndRejectsGarbage) {
+  EXPECT_EQ(parse_checkpoint_policy("none").mode, CheckpointMode::none);
+  EXPECT_EQ(parse_checkpoint_policy("full").mode, CheckpointMode::full);
+  EXPECT_EQ(parse_checkpoint_policy("selective-op").mode, CheckpointMode::selective_op);
+  auto layer = parse_checkpoint_policy("selective-layer:3");
+  EXPECT_EQ(layer.mode, CheckpointMode::selective_layer);
+  EXPECT_EQ(layer.layer_frequency, 3);
+  EXPECT_EQ(layer.str(), "selective-layer:3");
+  for (const char* bad : {"selective-layer:0", "selective-layer:", "selective-layer:x", "fulll", ""}) {
+    try {
+      parse_checkpoint_policy(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::config);
+      EXPECT_NE(std::string(e.what()).find("activation_checkpoint.mode"), std::string::npos);
+    }
+  }
+}
+
+TEST(StepPlan, NoneKeepsEverythingAndRecomputesNothing) {
+  StepPlan plan = build_step_plan(eight_billion(2), options("none"));
+  for (const auto& lb : plan.layers) EXPECT_TRUE(recomputed(lb).empty());
+  EXPECT_EQ(plan.recompute_flops(), 0);
+  for (const auto& s : plan.steps) EXPECT_NE(s.kind, StepKind::layer_recompute);
+}
+
+TEST(StepPlan, FullKeepsOnlyTheBlockInput) {
+  StepPlan plan = build_step_plan(eight_billion(2), options("full"));
+  for (const auto& lb : plan.layers) {
+    EXPECT_EQ(kept_names(lb), std::set<std::string>{"input"});
+    // Everything but the block output is rebuilt.
+    std::set<ForwardOp> expected;
+    for (int op = 0; op < kForwardOpCount; ++op)
+      if (static_cast<ForwardOp>(op) != ForwardOp::down_proj) expected.insert(static_cast<ForwardOp>(op));
+    EXPECT_EQ(recomputed(lb), expected);
+  }
+}
+
+TEST(StepPlan, SelectiveOpFollowsTheEverySecondMatmulRule) {
+  StepPlan plan = build_step_plan(eight_billion(2), options("selective-op"));
+  const std::set<std::string> kept = {"input",         "attention.q",   "attention.v",
+                                      "attention.out", "attention.lse", "feed_forward.gate"};
+  const std::set<ForwardOp> rebuilt = {ForwardOp::attn_norm, ForwardOp::k_proj,  ForwardOp::o_proj,
+                                       ForwardOp::ffn_norm,  ForwardOp::up_proj, ForwardOp::swiglu};
+  for (const auto& lb : plan.layers) {
+    EXPECT_EQ(kept_names(lb), kept);
+    EXPECT_EQ(recomputed(lb), rebuilt);
+  }
+  // Recompute FLOPs: wk, wo and w3 once per layer.
+  const auto& m = plan.model;
+  const double tokens = 8192;
+  const double expected = 2 * 2 * tokens * (m.dim * m.kv_dim() + m.dim * m.dim + m.dim * m.ffn_dim);
+  EXPECT_DOUBLE_EQ(plan.recompute_flops(), expected);
+}
+
+TEST(StepPlan, SelectiveLayerCheckpointsEveryNthBlock) {
+  StepPlan plan = build_step_plan(eight_billion(6), options("selective-layer:3"));
+  for (int64_t i = 0; i < 6; ++i) {
+    bool checkpointed = (i + 1) % 3 == 0;
+    EXPECT_EQ(recomputed(plan.layers[i]).empty(), !checkpointed) << "layer " << i;
+  }
+}
+
+TEST(StepPlan, PackedArenaIsValidForEveryPolicy) {
+  for (const char* policy : {"none", "full", "selective-op", "selective-layer:2"}) {
+    StepPlan plan = build_step_plan(eight_billion(3), options(policy));
+    const auto& buffers = plan.buffers;
+    for (size_t i = 0; i < buffers.size(); ++i)
+      for (size_t j = i + 1; j < buffers.size(); ++j) {
+        const auto &a = buffers[i].request, &b = buffers[j].request;
+        const size_t oa = plan.memory.offsets[i], ob = plan.memory.offsets[j];
+        bool live_together = a.first_step <= b.last_step && b.first_step <= a.last_step;
+        bool overlap = oa < ob + b.bytes && ob < oa + a.bytes;
+        ASSERT_FALSE(live_together && overlap) << policy << ": " << a.name << " / " << b.name;
+      }
+    EXPECT_GE(plan.memory.arena_bytes, plan.memory.peak_live_bytes);
+    // Packing is tight here: within 2% of the live peak.
+    EXPECT_LE(static_cast<double>(plan.memory.arena_bytes), 1.02 * static_cast<double>(plan.memory.peak_live_bytes))
+        << policy;
+  }
+}
+
+TEST(StepPlan, MemoryFallsAsThePolicyKeepsLess) {
+  auto arena = [](const char* policy) { return build_step_plan(eight_billion(8), options(policy)).memory.arena_bytes; };
+  const size_t none = arena("none"), layer = arena("selective-layer:2"), op = arena("selective-op"), full = arena("full");
+  EXPECT_GT(none, layer);
+  EXPECT_GT(none, op);
+  EXPECT_GT(op, full);
+  EXPECT_GT(layer, full);
+}
+
+TEST(StepPlan, PersistentStateMatchesTheParameterCount) {
+  StepPlan plan = build_step_plan(eight_billion(8), options("selective-op"));
+  const double parameters = static_cast<double>(plan.model.total_parameters());
+  EXPECT_NEAR(static_cast<double>(plan.model.total_parameters()), 2.80e9, 0.01e9);  // BENCHMARKS.md's proxy
+  // fp32 master + fp32 gradients + two fp32 moments + one bf16 copy = 18 bytes per parameter (+ alignment).
+  const double state = static_cast<double>(plan.bytes_of(BufferClass::parameters) + plan.bytes_of(BufferClass::gradients) +
+                                           plan.bytes_of(BufferClass::optimizer_state) +
+                                           plan.bytes_of(BufferClass::compute_weights));
+  EXPECT_NEAR(state / parameters, 18.0, 0.01);
+}
+
+TEST(StepPlan, EveryPresetPlansWithoutAllocating) {
+  for (const auto& flavor : model_flavors()) {
+    ModelSection section;
+    section.flavor = flavor;
+    ModelConfig model = make_model_config(section, 258);
+    StepPlan plan = build_step_plan(model, options("selective-op", 1, 2048));
+    EXPECT_GT(plan.memory.arena_bytes, static_cast<size_t>(model.total_parameters()) * 16) << flavor;
+    EXPECT_FALSE(format_plan(plan, true).empty());
+  }
+}
+
+TEST(ModelConfig, PresetsHaveThePublishedShapes) {
+  auto make = [](const char* flavor) {
+    ModelSection s;
+    s.flavor = flavor;
+    return make_model_config(s, 258);
+  };
+  EXPECT_EQ(make("llama3_8b").ffn_dim, 14336);
+  EXPECT_NEAR(static_cast<double>(make("llama3_8b").total_parameters()), 8.03e9, 0.01e9);
+  EXPECT_EQ(make("llama3_70b").ffn_dim, 28672);
+  EXPECT_NEAR(static_cast<double>(make("llama3_70b").total_parameters()), 70.55e9, 0.05e9);
+  EXPECT_EQ(make("llama3_405b").ffn_dim, 53248);
+  EXPECT_NEAR(static_cast<double>(make("llama3_405b").total_parameters()), 405.8e9, 0.5e9);
+  EXPECT_NEAR(static_cast<double>(make("llama3_1b").total_parameters()), 1.50e9, 0.01e9);
+  ModelConfig debug = make("debugmodel");
+  EXPECT_EQ(debug.vocab_size, 258);
+  EXPECT_EQ(debug.ffn_dim, 768);
+  // torchtitan's FLOPs per token for the 8-layer proxy: 496 TFLOPS at 29,440 tokens/s (BENCHMARKS.md).
+  ModelSection proxy;
+  proxy.flavor = "llama3_8b";
+  proxy.n_layers = 8;
+  EXPECT_NEAR(make_model_config(proxy, 0).training_flops_per_token(8192) * 29440 / 1e12, 496, 1);
+}
+
+TEST(ModelConfig, OverridesAndErrors) {
+  ModelSection s;
+  s.flavor = "debugmodel";
+  s.n_layers = 2;
+  s.dim = 64;
+  s.n_heads = 4;
+  s.n_kv_heads = 2;
+  ModelConfig c = make_model_config(s, 258);
+  EXPECT_EQ(c.n_layers, 2);
+  EXPECT_EQ(c.head_dim(), 16);
+  s.n_kv_heads = 3;
+  EXPECT_THROW(make_model_config(s, 258), Error);
+  s.n_kv_heads = 2;
+  s.flavor = "llama4";
+  try {
+    make_model_config(s, 258);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("debugmodel"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace smelt
