@@ -155,7 +155,7 @@ class BpeTokenizer final : public Tokenizer {
     }
     struct Candidate {
       uint32_t rank;
-      size_t left, right;  // part indices; valid while both alive and adjacent
+      size_t left, right, after;  // part indices; valid while left, right, after are still consecutive
       bool operator>(const Candidate& other) const {
         return rank != other.rank ? rank > other.rank : left > other.left;
       }
@@ -166,13 +166,15 @@ class BpeTokenizer final : public Tokenizer {
       const size_t right = next[left];
       if (right >= n) return;
       const uint32_t rank = table_.find(piece.substr(start[left], start[next[right]] - start[left]));
-      if (rank != no_rank) heap.push({rank, left, right});
+      if (rank != no_rank) heap.push({rank, left, right, next[right]});
     };
     for (size_t i = 0; i + 1 < n; ++i) push(i);
     while (!heap.empty()) {
       const Candidate candidate = heap.top();
       heap.pop();
-      if (!alive[candidate.left] || !alive[candidate.right] || next[candidate.left] != candidate.right) continue;
+      if (!alive[candidate.left] || !alive[candidate.right] || next[candidate.left] != candidate.right ||
+          next[candidate.right] != candidate.after)
+        continue;
       alive[candidate.right] = false;
       next[candidate.left] = next[candidate.right];
       previous[next[candidate.right]] = candidate.left;
