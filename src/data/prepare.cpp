@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "data/text_source.h"
 #include "data/token_shard.h"
+#include "data/unicode_class.h"
 
 namespace smelt {
 namespace {
@@ -196,11 +197,17 @@ PrepareSummary prepare_dataset(const PrepareOptions& options, const Tokenizer& t
   // The last document is held back: it goes to validation when nothing else did and it is small enough.
   PendingDocument pending;
   bool has_pending = false;
-  uint64_t pending_start = 0, validation_documents = 0, file_offset = 0;
+  uint64_t validation_documents = 0, file_offset = 0;
+  const bool check_utf8 = tokenizer.name() != "byte";
   const bool single_document = files.size() == 1 && files[0].format == TextFormat::plain;
   for (const auto& file : files) {
     read_documents(file, options.text_field, [&](std::string_view document, uint64_t offset) {
       const uint64_t begin = file_offset + offset;
+      const size_t invalid = check_utf8 ? find_invalid_utf8(document) : document.size();
+      if (invalid != document.size())
+        fail(ErrorKind::input, file.path + ": expected UTF-8 text, found an invalid byte sequence at byte " +
+                                   std::to_string(offset + invalid) + (file.format == TextFormat::json_lines ? " (of the line's text)" : "") +
+                                   "; convert the file to UTF-8 (or use the byte tokenizer)");
       if (single_document && want_validation) {
         const size_t cut = document.size() > 1 ? safe_cut_before(document, cutoff) : 0;
         if (cut > 0) {
@@ -217,7 +224,6 @@ PrepareSummary prepare_dataset(const PrepareOptions& options, const Tokenizer& t
         add(std::move(pending.text), pending.validation);
       }
       pending = {std::string(document), want_validation && begin >= cutoff};
-      pending_start = begin;
       has_pending = true;
     });
     file_offset += file.bytes;
@@ -228,7 +234,6 @@ PrepareSummary prepare_dataset(const PrepareOptions& options, const Tokenizer& t
       pending.validation = true;
     add(std::move(pending.text), pending.validation);
   }
-  (void)pending_start;
   flush();
   train.finish();
   validation.finish();

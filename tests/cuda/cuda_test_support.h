@@ -106,6 +106,16 @@ inline void expect_bits_equal(const HostTensor& want, const HostTensor& got, con
   EXPECT_EQ(mismatches, 0) << what << ": " << mismatches << " of " << want.numel() << " elements differ in bits";
 }
 
+inline GemmArgs gemm_args(TensorView a, bool transpose_a, TensorView b, bool transpose_b, TensorView out) {
+  GemmArgs args;
+  args.a = a;
+  args.transpose_a = transpose_a;
+  args.b = b;
+  args.transpose_b = transpose_b;
+  args.out = out;
+  return args;
+}
+
 // Tolerances per dtype (norm-wise relative): GEMM-based and reduction ops, element-wise ops.
 inline double tolerance_for(DType dtype) { return dtype == DType::bf16 ? 1e-2 : 1e-4; }
 inline double elementwise_tolerance(DType dtype) { return dtype == DType::bf16 ? 1e-2 : 1e-5; }

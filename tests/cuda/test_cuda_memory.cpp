@@ -39,9 +39,9 @@ TEST_F(CudaMemory, OpsAllocateNothingAfterStartUp) {
   TensorView x32 = poisoned(DType::f32, Shape{rows, dim});
 
   auto run_every_op = [&] {
-    cuda_->gemm({x, false, w, true, y});
-    cuda_->gemm({x, false, w, true, y32});
-    cuda_->gemm({y, true, x, false, dw});
+    cuda_->gemm(gemm_args(x, false, w, true, y));
+    cuda_->gemm(gemm_args(x, false, w, true, y32));
+    cuda_->gemm(gemm_args(y, true, x, false, dw));
     cuda_->embedding_forward({tokens, table, grad_x});
     cuda_->embedding_backward({tokens, grad_x, table_grad});
     cuda_->rmsnorm_forward({x, weight, normed, rstd, 1e-5f});

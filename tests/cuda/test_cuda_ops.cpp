@@ -22,13 +22,13 @@ TEST_F(CudaOps, GemmMatchesCpuForEveryLayoutAndDtype) {
           HostTensor b = random_tensor(in, transpose_b ? Shape{N, K} : Shape{K, N}, ++seed);
           HostTensor addend = random_tensor(out_type, Shape{M, N}, ++seed);
           HostTensor want = mode == 2 ? addend : nan_tensor(out_type, Shape{M, N});
-          GemmArgs cpu_args{a.view, transpose_a, b.view, transpose_b, want.view};
+          GemmArgs cpu_args = gemm_args(a.view, transpose_a, b.view, transpose_b, want.view);
           if (mode == 1) cpu_args.addend = addend.view;
           cpu_args.accumulate = mode == 2;
           cpu_->gemm(cpu_args);
 
           TensorView out = mode == 2 ? upload(addend) : poisoned(out_type, Shape{M, N});
-          GemmArgs args{upload(a), transpose_a, upload(b), transpose_b, out};
+          GemmArgs args = gemm_args(upload(a), transpose_a, upload(b), transpose_b, out);
           if (mode == 1) args.addend = upload(addend);
           args.accumulate = mode == 2;
           cuda_->gemm(args);
