@@ -19,6 +19,9 @@ function(smelt_test_folder folder)
   endif()
   gtest_discover_tests(test_${folder}
     PROPERTIES LABELS "${labels}" SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]"
+      # ctest runs tests side by side on few cores: threads that spin while waiting
+      # (OpenMP's default) would steal the cores the other tests compute on.
+      ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE"
     DISCOVERY_TIMEOUT 60)
 endfunction()
 

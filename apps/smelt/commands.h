@@ -2,6 +2,7 @@
 #pragma once
 #include <string>
 
+#include "cli_common.h"
 #include "core/config.h"
 
 namespace smelt {
@@ -14,5 +15,13 @@ struct PlanCommandOptions {
   double memory_budget_gb = 0;
 };
 int run_plan(const JobConfig& config, const PlanCommandOptions& options);
+
+struct BenchCommandOptions {
+  int64_t steps = 10;
+  int64_t warmup = 3;
+  std::string matrix;  // "precision=bf16,fp8-tensorwise ac=none,selective-op"
+  std::string output;  // JSON results; default <dump_folder>/bench.json
+};
+int run_bench(const JobConfig& config, const BenchCommandOptions& options, const ConfigOptions& config_options);
 
 }  // namespace smelt

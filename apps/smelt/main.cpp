@@ -1,4 +1,4 @@
-// smelt: the command line. Subcommands train, plan and config-keys; every error
+// smelt: the command line. Subcommands train, plan, bench and config-keys; every error
 // becomes a message on stderr and a non-zero exit code (2 for config errors).
 #include <cstdio>
 #include <iostream>
@@ -28,12 +28,26 @@ int main(int argc, char** argv) {
   plan_command->add_option("--memory-budget-gb", plan_options.memory_budget_gb,
                            "Mark which policies fit this many GB (default: the config's device)");
 
+  ConfigOptions bench_config;
+  BenchCommandOptions bench_options;
+  auto* bench_command = app.add_subcommand("bench", "Time training steps on synthetic tokens: median tokens/s, TFLOPS, MFU, memory");
+  add_config_options(*bench_command, bench_config);
+  bench_command->add_option("--steps", bench_options.steps, "Timed steps (after warm-up)")->check(CLI::PositiveNumber);
+  bench_command->add_option("--warmup", bench_options.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber);
+  bench_command->add_option("--matrix", bench_options.matrix,
+                            "Grid, e.g. \"precision=bf16,fp8-tensorwise ac=none,selective-op,full\" (one process per cell)");
+  bench_command->add_option("--output", bench_options.output, "JSON results file (default <dump_folder>/bench.json)");
+
   auto* keys_command = app.add_subcommand("config-keys", "List every config key with its type and meaning");
 
   try {
     app.parse(argc, argv);
     if (*train_command) return run_train(resolve_config(*train_command, train_config));
     if (*plan_command) return run_plan(resolve_config(*plan_command, plan_config), plan_options);
+    if (*bench_command) {
+      JobConfig config = resolve_config(*bench_command, bench_config);
+      return run_bench(config, bench_options, bench_config);
+    }
     if (*keys_command) {
       std::cout << config_keys_help();
       return 0;

@@ -206,7 +206,8 @@ PrepareSummary prepare_dataset(const PrepareOptions& options, const Tokenizer& t
       const size_t invalid = check_utf8 ? find_invalid_utf8(document) : document.size();
       if (invalid != document.size())
         fail(ErrorKind::input, file.path + ": expected UTF-8 text, found an invalid byte sequence at byte " +
-                                   std::to_string(offset + invalid) + (file.format == TextFormat::json_lines ? " (of the line's text)" : "") +
+                                   std::to_string(offset + invalid) +
+                                   (file.format == TextFormat::json_lines ? " (of the line's text)" : "") +
                                    "; convert the file to UTF-8 (or use the byte tokenizer)");
       if (single_document && want_validation) {
         const size_t cut = document.size() > 1 ? safe_cut_before(document, cutoff) : 0;

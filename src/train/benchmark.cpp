@@ -1,0 +1,153 @@
+// Timing training steps on synthetic tokens.
+#include "train/benchmark.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ostream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/random.h"
+#include "plan/plan_report.h"
+#include "train/backends.h"
+#include "train/executor.h"
+#include "train/metrics.h"
+#include "train/run_setup.h"
+#ifdef SMELT_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
+
+namespace smelt {
+
+namespace {
+
+size_t device_free_bytes(const Backend& backend) {
+#ifdef SMELT_HAVE_CUDA
+  if (backend.device() == Device::cuda) return cuda_free_device_memory();
+#endif
+  (void)backend;
+  return 0;
+}
+
+std::string precision_name(const JobConfig& c) {
+  if (c.float8.recipe != "none") return "fp8-" + c.float8.recipe;
+  return std::string(dtype_name(parse_dtype(c.training.mixed_precision_param)));
+}
+
+}  // namespace
+
+BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, std::ostream& log) {
+  using clock = std::chrono::steady_clock;
+  auto backend = make_backend(config.job.device);
+  RunSetup setup = prepare_run(config, backend.get(), /*need_tokenizer=*/false);
+  StepPlan plan = build_step_plan(setup.model, setup.plan_options);
+  const StepShape shape = setup.plan_options.shape;
+
+  BenchResult r;
+  r.device = config.job.device;
+  r.precision = precision_name(config);
+  r.policy = plan.options.policy.str();
+  r.batch = shape.batch;
+  r.seq_len = shape.seq_len;
+  r.layers = setup.model.n_layers;
+  r.label = setup.model.flavor + " x" + std::to_string(r.layers) + " " + r.precision + " " + r.policy + " b" +
+            std::to_string(r.batch) + " s" + std::to_string(r.seq_len);
+  r.predicted_bytes = plan.memory.arena_bytes;
+  log << "bench: " << describe(setup.model) << "\n" << "plan: " << plan_summary_line(plan) << "\n" << std::flush;
+
+  const size_t free_before = device_free_bytes(*backend);
+  Executor executor(plan, *backend);
+  {
+    std::vector<float> host(static_cast<size_t>(executor.layout().total()));
+    initialize_parameters(executor.layout(), setup.model, static_cast<uint64_t>(config.training.seed), host.data());
+    executor.load_parameters(host.data());
+    executor.reset_optimizer_state();
+  }
+  std::vector<int32_t> inputs(static_cast<size_t>(shape.tokens())), targets(inputs.size());
+  Random random(static_cast<uint64_t>(config.training.seed), 17);
+  for (auto& t : inputs) t = static_cast<int32_t>(random.below(static_cast<uint64_t>(setup.tokenizer ? setup.tokenizer->vocab_size() : setup.model.vocab_size)));
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = inputs[(i + 1) % inputs.size()];
+  executor.load_batch(inputs.data(), targets.data());
+
+  OptimizerSettings optimizer;
+  optimizer.lr = static_cast<float>(config.optimizer.lr);
+  optimizer.beta1 = static_cast<float>(config.optimizer.beta1);
+  optimizer.beta2 = static_cast<float>(config.optimizer.beta2);
+  optimizer.eps = static_cast<float>(config.optimizer.eps);
+  optimizer.weight_decay = static_cast<float>(config.optimizer.weight_decay);
+  optimizer.max_norm = static_cast<float>(config.training.max_norm);
+
+  std::vector<double> milliseconds;
+  for (int64_t step = 1; step <= options.warmup + options.steps; ++step) {
+    optimizer.step = step;
+    const auto start = clock::now();
+    executor.run(optimizer);
+    const double loss = executor.loss();  // waits for the step
+    const double ms = std::chrono::duration<double, std::milli>(clock::now() - start).count();
+    if (step == 1) r.first_loss = loss;
+    r.last_loss = loss;
+    if (!std::isfinite(loss)) fail(ErrorKind::internal, "bench: loss is not finite at step " + std::to_string(step));
+    if (step > options.warmup) milliseconds.push_back(ms);
+    log << "  step " << step << (step <= options.warmup ? " (warm-up)" : "") << ": " << ms << " ms, loss " << loss
+        << "\n" << std::flush;
+  }
+  const size_t free_after = device_free_bytes(*backend);
+  r.measured_bytes = backend->device() == Device::cuda ? free_before - free_after : executor.arena().size();
+
+  std::vector<double> sorted = milliseconds;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  r.step_ms = n == 0 ? 0 : (n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]));
+  r.step_ms_min = n ? sorted.front() : 0;
+  r.step_ms_max = n ? sorted.back() : 0;
+  r.tokens_per_second = r.step_ms > 0 ? static_cast<double>(shape.tokens()) / (r.step_ms / 1e3) : 0;
+  r.tflops = r.tokens_per_second * setup.model.training_flops_per_token(shape.seq_len) / 1e12;
+  r.mfu_percent = 100.0 * r.tflops / kHopperPeakTflops;
+  return r;
+}
+
+nlohmann::json bench_to_json(const BenchResult& r) {
+  return {{"label", r.label},
+          {"device", r.device},
+          {"precision", r.precision},
+          {"policy", r.policy},
+          {"batch", r.batch},
+          {"seq_len", r.seq_len},
+          {"layers", r.layers},
+          {"tokens_per_second", r.tokens_per_second},
+          {"step_ms", r.step_ms},
+          {"step_ms_min", r.step_ms_min},
+          {"step_ms_max", r.step_ms_max},
+          {"tflops", r.tflops},
+          {"mfu_percent", r.mfu_percent},
+          {"predicted_bytes", r.predicted_bytes},
+          {"measured_bytes", r.measured_bytes},
+          {"first_loss", r.first_loss},
+          {"last_loss", r.last_loss}};
+}
+
+BenchResult bench_from_json(const nlohmann::json& j) {
+  BenchResult r;
+  r.label = j.value("label", "");
+  r.device = j.value("device", "");
+  r.precision = j.value("precision", "");
+  r.policy = j.value("policy", "");
+  r.batch = j.value("batch", int64_t{0});
+  r.seq_len = j.value("seq_len", int64_t{0});
+  r.layers = j.value("layers", int64_t{0});
+  r.tokens_per_second = j.value("tokens_per_second", 0.0);
+  r.step_ms = j.value("step_ms", 0.0);
+  r.step_ms_min = j.value("step_ms_min", 0.0);
+  r.step_ms_max = j.value("step_ms_max", 0.0);
+  r.tflops = j.value("tflops", 0.0);
+  r.mfu_percent = j.value("mfu_percent", 0.0);
+  r.predicted_bytes = j.value("predicted_bytes", size_t{0});
+  r.measured_bytes = j.value("measured_bytes", size_t{0});
+  r.first_loss = j.value("first_loss", 0.0);
+  r.last_loss = j.value("last_loss", 0.0);
+  return r;
+}
+
+}  // namespace smelt

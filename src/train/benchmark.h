@@ -1,0 +1,38 @@
+// Benchmark: a config's training step timed on synthetic tokens, reported as
+// torchtitan does (median tokens/s after warm-up, TFLOPS, MFU) with the memory
+// the plan predicted next to what the driver measured.
+#pragma once
+#include <iosfwd>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/config.h"
+
+namespace smelt {
+
+struct BenchOptions {
+  int64_t steps = 10;   // timed steps
+  int64_t warmup = 3;   // untimed steps first
+};
+
+struct BenchResult {
+  std::string label;              // "llama3_8b x8 bf16 selective-op b1 s8192"
+  std::string device;
+  std::string precision;          // "bf16", "f32", "fp8-tensorwise"
+  std::string policy;
+  int64_t batch = 0, seq_len = 0, layers = 0;
+  double tokens_per_second = 0;   // median over timed steps
+  double step_ms = 0;             // median
+  double step_ms_min = 0, step_ms_max = 0;
+  double tflops = 0, mfu_percent = 0;
+  size_t predicted_bytes = 0;     // the arena the plan sized
+  size_t measured_bytes = 0;      // device memory the run took, from the driver (CPU: the arena)
+  double first_loss = 0, last_loss = 0;
+};
+
+BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, std::ostream& log);
+nlohmann::json bench_to_json(const BenchResult& result);
+BenchResult bench_from_json(const nlohmann::json& json);
+
+}  // namespace smelt
