@@ -32,7 +32,7 @@ TEST(Pretokenize, FollowsTheLlama3Pattern) {
   EXPECT_EQ(pieces("x   y  "), (P{"x", "  ", " y", "  "}));
   EXPECT_EQ(pieces("end.\n\nNext"), (P{"end", ".\n\n", "Next"}));
   EXPECT_EQ(pieces(" ...\"quote\""), (P{" ...\"", "quote", "\""}));
-  EXPECT_EQ(pieces("\"¿Qué? café"), (P{"\"", "¿Qué", "?", " café"}));
+  EXPECT_EQ(pieces("\"¿Qué? café"), (P{"\"¿", "Qué", "?", " café"}));
   EXPECT_EQ(pieces("\tword\r\nnext"), (P{"\tword", "\r\n", "next"}));
   EXPECT_EQ(pieces("日本語 ٣٤٥٦"), (P{"日本語", " ", "٣٤٥", "٦"}));
   EXPECT_EQ(pieces("😀😀 x"), (P{"😀😀", " x"}));
