@@ -24,4 +24,7 @@ struct BenchCommandOptions {
 };
 int run_bench(const JobConfig& config, const BenchCommandOptions& options, const ConfigOptions& config_options);
 
+struct GenerateOptions;
+int run_generate(const GenerateOptions& options);
+
 }  // namespace smelt

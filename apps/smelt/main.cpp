@@ -1,4 +1,4 @@
-// smelt: the command line. Subcommands train, plan, bench and config-keys; every error
+// smelt: the command line. Subcommands train, plan, bench, generate and config-keys; every error
 // becomes a message on stderr and a non-zero exit code (2 for config errors).
 #include <cstdio>
 #include <iostream>
@@ -8,6 +8,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "core/error.h"
+#include "train/generate.h"
 
 int main(int argc, char** argv) {
   using namespace smelt;
@@ -38,6 +39,16 @@ int main(int argc, char** argv) {
                             "Grid, e.g. \"precision=bf16,fp8-tensorwise ac=none,selective-op,full\" (one process per cell)");
   bench_command->add_option("--output", bench_options.output, "JSON results file (default <dump_folder>/bench.json)");
 
+  GenerateOptions generate_options;
+  auto* generate_command = app.add_subcommand("generate", "Sample text from trained weights");
+  generate_command->add_option("--checkpoint", generate_options.checkpoint, "Run folder or model.safetensors")->required();
+  generate_command->add_option("--prompt", generate_options.prompt, "Text to continue");
+  generate_command->add_option("--max-tokens", generate_options.max_tokens, "Tokens to generate")->check(CLI::NonNegativeNumber);
+  generate_command->add_option("--temperature", generate_options.temperature, "Sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
+  generate_command->add_option("--top-p", generate_options.top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
+  generate_command->add_option("--seed", generate_options.seed, "Sampling seed");
+  generate_command->add_option("--device", generate_options.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+
   auto* keys_command = app.add_subcommand("config-keys", "List every config key with its type and meaning");
 
   try {
@@ -48,6 +59,7 @@ int main(int argc, char** argv) {
       JobConfig config = resolve_config(*bench_command, bench_config);
       return run_bench(config, bench_options, bench_config);
     }
+    if (*generate_command) return run_generate(generate_options);
     if (*keys_command) {
       std::cout << config_keys_help();
       return 0;

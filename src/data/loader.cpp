@@ -118,8 +118,9 @@ std::string cache_key(const DatasetOptions& options, const Tokenizer& tokenizer)
                          std::to_string(options.validation_fraction) + "|" + options.text_field);
   for (const auto& file : list_text_files({options.path})) {
     const auto time = fs::last_write_time(file.path).time_since_epoch().count();
-    hash = fnv1a(hash, "|" + fs::absolute(file.path).string() + "|" + std::to_string(file.bytes) + "|" +
-                           std::to_string(time));
+    std::string entry = fs::absolute(file.path).string();
+    for (const std::string& part : {std::to_string(file.bytes), std::to_string(time)}) entry.append("|").append(part);
+    hash = fnv1a(hash, entry);
   }
   return "tokens-" + hex(hash);
 }

@@ -107,3 +107,41 @@ std::string describe(const ModelConfig& c) {
 }
 
 }  // namespace smelt
+
+#include <nlohmann/json.hpp>
+
+namespace smelt {
+
+std::string model_config_to_json(const ModelConfig& c) {
+  nlohmann::json j = {{"flavor", c.flavor},         {"dim", c.dim},           {"n_layers", c.n_layers},
+                      {"n_heads", c.n_heads},       {"n_kv_heads", c.n_kv_heads}, {"vocab_size", c.vocab_size},
+                      {"ffn_dim", c.ffn_dim},       {"norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
+                      {"rope_scaling", c.rope_scaling}};
+  return j.dump();
+}
+
+ModelConfig model_config_from_json(const std::string& text, const std::string& source) {
+  ModelConfig c;
+  try {
+    auto j = nlohmann::json::parse(text);
+    c.flavor = j.at("flavor").get<std::string>();
+    c.dim = j.at("dim").get<int64_t>();
+    c.n_layers = j.at("n_layers").get<int64_t>();
+    c.n_heads = j.at("n_heads").get<int64_t>();
+    c.n_kv_heads = j.at("n_kv_heads").get<int64_t>();
+    c.vocab_size = j.at("vocab_size").get<int64_t>();
+    c.ffn_dim = j.at("ffn_dim").get<int64_t>();
+    c.norm_eps = j.at("norm_eps").get<double>();
+    c.rope_theta = j.at("rope_theta").get<double>();
+    c.rope_scaling = j.at("rope_scaling").get<bool>();
+  } catch (const nlohmann::json::exception& e) {
+    fail(ErrorKind::input, source + ": the model description is malformed (" + e.what() + ")");
+  }
+  const bool sane = c.dim > 0 && c.dim <= (1 << 20) && c.n_layers > 0 && c.n_layers <= 4096 && c.n_heads > 0 &&
+                    c.dim % c.n_heads == 0 && c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0 && c.vocab_size > 0 &&
+                    c.vocab_size <= (1 << 24) && c.ffn_dim > 0 && c.ffn_dim <= (1 << 22) && (c.dim / c.n_heads) % 2 == 0;
+  if (!sane) fail(ErrorKind::input, source + ": the model description has impossible shapes: " + text);
+  return c;
+}
+
+}  // namespace smelt

@@ -45,3 +45,9 @@ ModelConfig make_model_config(const ModelSection& section, int64_t tokenizer_voc
 std::string describe(const ModelConfig& config);  // one line: "debugmodel: 6 layers, dim 256, ... 6.4 M parameters"
 
 }  // namespace smelt
+
+namespace smelt {
+// The shapes as a JSON string (saved with weights) and back; errors name what is missing.
+std::string model_config_to_json(const ModelConfig& config);
+ModelConfig model_config_from_json(const std::string& json, const std::string& source);
+}  // namespace smelt

@@ -13,6 +13,7 @@
 #include "train/executor.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
+#include "train/model_weights.h"
 #include "train/run_setup.h"
 
 namespace smelt {
@@ -162,6 +163,12 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
     interval_start = clock::now();
     interval_steps = 0;
   }
+
+  // The final weights, with what generation needs to use them.
+  std::string tokenizer_spec = config.model.tokenizer_path;
+  if (tokenizer_spec != "byte") tokenizer_spec = std::filesystem::absolute(tokenizer_spec).string();
+  save_model_weights(result.run_folder + "/model.safetensors", executor, tokenizer_spec, shape.seq_len);
+  log << "weights: " << result.run_folder << "/model.safetensors\n";
 
   result.steps = config.training.steps;
   result.seconds = std::chrono::duration<double>(clock::now() - start).count();

@@ -1,0 +1,23 @@
+// The trained model as one safetensors file (torchtitan's parameter names, fp32),
+// with the shapes, tokenizer and context length in its metadata, and the way back.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/model_config.h"
+#include "train/executor.h"
+
+namespace smelt {
+
+struct SavedModel {
+  ModelConfig model;
+  std::string tokenizer;   // a tokenizer spec for load_tokenizer
+  int64_t seq_len = 0;     // the context the model was trained on
+  std::vector<float> parameters;  // flat, ParameterLayout order
+};
+
+void save_model_weights(const std::string& path, Executor& executor, const std::string& tokenizer, int64_t seq_len);
+// `path` is a model.safetensors file or a run folder holding one.
+SavedModel load_model_weights(const std::string& path);
+
+}  // namespace smelt
