@@ -1,6 +1,7 @@
 // safetensors: round trip, and malformed files rejected with the file named.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
