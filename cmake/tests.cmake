@@ -18,7 +18,7 @@ function(smelt_test_folder folder)
     list(APPEND labels gpu)
   endif()
   gtest_discover_tests(test_${folder}
-    PROPERTIES LABELS "${labels}" SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]"
+    PROPERTIES LABELS "${labels}" SKIP_REGULAR_EXPRESSION "  SKIPPED "
       # ctest runs tests side by side on few cores: threads that spin while waiting
       # (OpenMP's default) would steal the cores the other tests compute on.
       ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE"

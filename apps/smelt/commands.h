@@ -1,6 +1,7 @@
 // The subcommands' bodies, one file each.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "cli_common.h"
 #include "core/config.h"
@@ -23,6 +24,23 @@ struct BenchCommandOptions {
   std::string output;  // JSON results; default <dump_folder>/bench.json
 };
 int run_bench(const JobConfig& config, const BenchCommandOptions& options, const ConfigOptions& config_options);
+
+struct PrepareCommandOptions {
+  std::vector<std::string> inputs;
+  std::string output;
+  std::string tokenizer = "byte";
+  std::string text_field = "text";
+  double validation_fraction = 0.05;
+};
+int run_prepare(const PrepareCommandOptions& options);
+
+struct TokenizerTrainCommandOptions {
+  std::vector<std::string> inputs;
+  std::string output = "tokenizer.model";
+  int64_t vocab_size = 8192;
+  std::string text_field = "text";
+};
+int run_tokenizer_train(const TokenizerTrainCommandOptions& options);
 
 struct GenerateOptions;
 int run_generate(const GenerateOptions& options);

@@ -1,4 +1,5 @@
-// smelt: the command line. Subcommands train, plan, bench, generate and config-keys; every error
+// smelt: the command line. Subcommands train, plan, bench, prepare,
+// tokenizer train, generate and config-keys; every error
 // becomes a message on stderr and a non-zero exit code (2 for config errors).
 #include <cstdio>
 #include <iostream>
@@ -49,6 +50,25 @@ int main(int argc, char** argv) {
   generate_command->add_option("--seed", generate_options.seed, "Sampling seed");
   generate_command->add_option("--device", generate_options.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
 
+  PrepareCommandOptions prepare_options;
+  auto* prepare_command = app.add_subcommand("prepare", "Tokenize text (files or folders of .txt/.md/.jsonl) into token shards");
+  prepare_command->add_option("--input", prepare_options.inputs, "Files or folders of text")->required();
+  prepare_command->add_option("--output", prepare_options.output, "Folder for the shards")->required();
+  prepare_command->add_option("--tokenizer", prepare_options.tokenizer, "byte, or a tiktoken-format file");
+  prepare_command->add_option("--text-field", prepare_options.text_field, "JSON Lines field holding the text");
+  prepare_command->add_option("--validation-fraction", prepare_options.validation_fraction,
+                              "Share of the input (from the end) held out for validation")->check(CLI::Range(0.0, 0.9));
+
+  auto* tokenizer_command = app.add_subcommand("tokenizer", "Tokenizer tools");
+  TokenizerTrainCommandOptions tokenizer_options;
+  auto* tokenizer_train = tokenizer_command->add_subcommand("train", "Train a BPE vocabulary (Llama-3 pre-tokenization, tiktoken format)");
+  tokenizer_command->require_subcommand(1);
+  tokenizer_train->add_option("--input", tokenizer_options.inputs, "Files or folders of text")->required();
+  tokenizer_train->add_option("--output", tokenizer_options.output, "The tokenizer file to write");
+  tokenizer_train->add_option("--vocab-size", tokenizer_options.vocab_size, "Vocabulary size, special tokens included")
+      ->check(CLI::Range(512, 1 << 20));
+  tokenizer_train->add_option("--text-field", tokenizer_options.text_field, "JSON Lines field holding the text");
+
   auto* keys_command = app.add_subcommand("config-keys", "List every config key with its type and meaning");
 
   try {
@@ -60,6 +80,8 @@ int main(int argc, char** argv) {
       return run_bench(config, bench_options, bench_config);
     }
     if (*generate_command) return run_generate(generate_options);
+    if (*prepare_command) return run_prepare(prepare_options);
+    if (*tokenizer_train) return run_tokenizer_train(tokenizer_options);
     if (*keys_command) {
       std::cout << config_keys_help();
       return 0;

@@ -42,6 +42,11 @@ struct TrainingSection {
   std::string dataset_path = "docs";     // a folder or file of text, or of token shards (*.bin)
   std::string mixed_precision_param = "float32";  // activation / compute-weight dtype: float32 or bfloat16
   int64_t loss_chunk_tokens = 1024;      // rows of the output projection computed at once
+  std::string on_nonfinite = "skip";     // non-finite loss or gradient norm: "skip" the update or "stop"
+  int64_t loss_spike_window = 0;         // losses a spike is judged against; 0 disables spike detection
+  double loss_spike_zscore = 6.0;        // a loss this many standard deviations above the window's mean spikes
+  std::string on_loss_spike = "skip";    // "skip" the update or "stop"
+  int64_t max_consecutive_skips = 20;    // more skipped steps in a row than this stops the run
 };
 
 struct OptimizerSection {
@@ -82,6 +87,7 @@ struct CheckpointSection {
   int64_t interval = 500;
   int64_t keep_latest_k = 2;
   std::string load;                      // folder to resume from
+  bool async = false;                    // write in a background thread while training continues
 };
 
 struct MetricsSection {

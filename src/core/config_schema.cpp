@@ -169,6 +169,16 @@ std::vector<ConfigField> config_schema() {
            "activation and compute-weight dtype", one_of({"float32", "bfloat16"})),
       bind("training", "loss_chunk_tokens", &C::training, &TrainingSection::loss_chunk_tokens,
            "rows of the output projection computed at once", at_least(1)),
+      bind("training", "on_nonfinite", &C::training, &TrainingSection::on_nonfinite,
+           "non-finite loss or gradient norm: skip the update, or stop the run", one_of({"skip", "stop"})),
+      bind("training", "loss_spike_window", &C::training, &TrainingSection::loss_spike_window,
+           "recent losses a spike is judged against; 0 disables spike detection", at_least(0)),
+      bind("training", "loss_spike_zscore", &C::training, &TrainingSection::loss_spike_zscore,
+           "a loss this many standard deviations above the window's mean is a spike", above(0)),
+      bind("training", "on_loss_spike", &C::training, &TrainingSection::on_loss_spike,
+           "loss spike: skip the update, or stop the run", one_of({"skip", "stop"})),
+      bind("training", "max_consecutive_skips", &C::training, &TrainingSection::max_consecutive_skips,
+           "more skipped updates in a row than this stops the run", at_least(1)),
 
       bind("optimizer", "name", &C::optimizer, &OptimizerSection::name, "optimizer", one_of({"AdamW"})),
       bind("optimizer", "lr", &C::optimizer, &OptimizerSection::lr, "peak learning rate", at_least(0)),
@@ -221,7 +231,10 @@ std::vector<ConfigField> config_schema() {
       bind("checkpoint", "keep_latest_k", &C::checkpoint, &CheckpointSection::keep_latest_k,
            "checkpoints kept; 0 keeps all", at_least(0)),
       bind("checkpoint", "load", &C::checkpoint, &CheckpointSection::load,
-           "folder to resume from; empty: start fresh"),
+           "checkpoint, folder of checkpoints or Hugging Face folder to start from; empty: the newest "
+           "checkpoint in checkpoint.folder, if any"),
+      bind("checkpoint", "async", &C::checkpoint, &CheckpointSection::async,
+           "write checkpoints in a background thread while training continues"),
 
       bind("metrics", "log_freq", &C::metrics, &MetricsSection::log_freq, "steps between metric lines",
            at_least(1)),

@@ -19,7 +19,7 @@ namespace smelt {
 namespace {
 
 constexpr size_t piece_bytes = size_t{1} << 20;   // documents are cut into pieces of about this size
-constexpr size_t batch_bytes = size_t{32} << 20;  // text encoded between two progress reports
+constexpr size_t batch_bytes = size_t{8} << 20;   // text encoded between two progress reports
 
 bool is_ascii_alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
 

@@ -1,7 +1,11 @@
 // Flat parameter layout, initialisation and rotary frequency tables.
 #include "model/parameters.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <thread>
+#include <vector>
 #include <numbers>
 
 #include "core/random.h"
@@ -31,40 +35,74 @@ TensorView ParameterLayout::slice(const TensorView& flat, const ParameterInfo& i
   return TensorView(base, flat.dtype, shape, flat.device);
 }
 
-void initialize_parameters(const ParameterLayout& layout, const ModelConfig& model, uint64_t seed, float* host) {
-  const auto& params = layout.parameters();
-  for (size_t index = 0; index < params.size(); ++index) {
-    const auto& p = params[index];
-    float* out = host + p.offset;
-    Random random(seed, index);
-    const std::string& name = p.name;
-    auto ends_with = [&](const char* suffix) {
-      std::string s(suffix);
-      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
-    };
-    if (ends_with("norm.weight")) {
-      for (int64_t i = 0; i < p.numel(); ++i) out[i] = 1.0f;
-      continue;
-    }
-    double std = 0.02, cutoff = 2.0 / 0.02;  // torch trunc_normal_ default bounds are +-2 (absolute)
-    if (name == "tok_embeddings.weight") {
-      std = 1.0;
-      cutoff = 1e30;
-    } else if (name == "output.weight") {
-      std = 1.0 / std::sqrt(static_cast<double>(model.dim));
-      cutoff = 3.0;
-    } else if (ends_with("wo.weight") || ends_with("w2.weight") || ends_with("w3.weight")) {
-      int64_t layer = std::stoll(name.substr(7, name.find('.', 7) - 7));
-      std = 0.02 / std::sqrt(2.0 * static_cast<double>(layer + 1));
-      cutoff = 2.0 / std;
-    }
-    for (int64_t i = 0; i < p.numel(); ++i) {
-      double z;
-      do z = random.normal();
-      while (std::fabs(z) > cutoff);
-      out[i] = static_cast<float>(z * std);
-    }
+namespace {
+
+struct InitRule {
+  bool ones = false;
+  double std = 0.02, cutoff = 1e30;  // cutoff in standard deviations
+};
+
+InitRule init_rule(const ParameterInfo& p, const ModelConfig& model) {
+  const std::string& name = p.name;
+  auto ends_with = [&](const char* suffix) {
+    std::string s(suffix);
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  InitRule rule;
+  if (ends_with("norm.weight")) {
+    rule.ones = true;
+  } else if (name == "tok_embeddings.weight") {
+    rule.std = 1.0;
+  } else if (name == "output.weight") {
+    rule.std = 1.0 / std::sqrt(static_cast<double>(model.dim));
+    rule.cutoff = 3.0;
+  } else if (ends_with("wo.weight") || ends_with("w2.weight") || ends_with("w3.weight")) {
+    int64_t layer = std::stoll(name.substr(7, name.find('.', 7) - 7));
+    rule.std = 0.02 / std::sqrt(2.0 * static_cast<double>(layer + 1));
+    rule.cutoff = 2.0 / rule.std;  // torch trunc_normal_'s default bounds are +-2 (absolute)
+  } else {
+    rule.cutoff = 2.0 / rule.std;
   }
+  return rule;
+}
+
+constexpr int64_t kInitChunk = 1 << 20;  // elements per random stream
+
+}  // namespace
+
+void initialize_parameters(const ParameterLayout& layout, const ModelConfig& model, uint64_t seed, float* host) {
+  // Work items: (parameter, chunk); each chunk draws from its own stream, so the values do
+  // not depend on how many threads fill them.
+  std::vector<std::pair<size_t, int64_t>> chunks;
+  const auto& params = layout.parameters();
+  for (size_t index = 0; index < params.size(); ++index)
+    for (int64_t first = 0; first < params[index].numel(); first += kInitChunk) chunks.emplace_back(index, first);
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t c = next++; c < chunks.size(); c = next++) {
+      const auto [index, first] = chunks[c];
+      const auto& p = params[index];
+      const InitRule rule = init_rule(p, model);
+      float* out = host + p.offset + first;
+      const int64_t count = std::min(kInitChunk, p.numel() - first);
+      if (rule.ones) {
+        std::fill(out, out + count, 1.0f);
+        continue;
+      }
+      Random random(seed, (static_cast<uint64_t>(index) << 24) + static_cast<uint64_t>(first / kInitChunk));
+      for (int64_t i = 0; i < count; ++i) {
+        double z;
+        do z = random.normal();
+        while (std::fabs(z) > rule.cutoff);
+        out[i] = static_cast<float>(z * rule.std);
+      }
+    }
+  };
+  const unsigned threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
 }
 
 void rope_frequencies(const ModelConfig& model, int64_t seq_len, float* host) {

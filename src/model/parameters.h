@@ -41,9 +41,9 @@ class ParameterLayout {
 
 // Fills `host` (total() floats) with torchtitan's initialisation: embedding N(0, 1);
 // wq, wk, wv, w1 N(0, 0.02); wo, w2, w3 N(0, 0.02 / sqrt(2 (layer + 1))) (depth init);
-// norms 1; output truncated normal, std dim^-0.5, cut at 3 std. Each parameter draws
-// from its own stream seeded by (seed, parameter index), so the result does not
-// depend on the order of initialisation or on sharding.
+// norms 1; output truncated normal, std dim^-0.5, cut at 3 std. Every 2^20-element
+// chunk of a parameter draws from its own stream seeded by (seed, parameter, chunk), so
+// the result depends neither on the thread count nor on the order of initialisation.
 void initialize_parameters(const ParameterLayout& layout, const ModelConfig& model, uint64_t seed, float* host);
 
 // Rotary frequencies (seq_len, Dh/2, 2) as cos, sin pairs, with Llama-3.1 scaling when enabled.

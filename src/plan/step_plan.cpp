@@ -1,6 +1,7 @@
 // Building the StepPlan: steps in execution order, buffers with live ranges, packing.
 #include "plan/step_plan.h"
 
+#include <algorithm>
 #include <climits>
 
 #include "core/error.h"
@@ -30,6 +31,15 @@ std::string Step::name() const {
 }
 
 int64_t StepPlan::parameter_count() const { return model.total_parameters(); }
+
+int64_t StepPlan::local_parameter_count() const {
+  const int64_t degree = std::max<int64_t>(1, options.shard_degree);
+  return (ParameterLayout(model).total() + degree - 1) / degree;
+}
+
+int64_t largest_gather_unit(const ModelConfig& model) {
+  return std::max({model.layer_parameters(), model.embedding_parameters(), model.vocab_size * model.dim + model.dim});
+}
 
 double StepPlan::step_flops() const {
   double total = 0;
@@ -113,8 +123,12 @@ Shape spec_shape(const TensorSpec& spec) {
 }  // namespace
 
 StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
-  SMELT_CHECK(options.policy.mode != CheckpointMode::automatic,
+  SMELT_CHECK(options.policy.mode != CheckpointMode::automatic || !options.keep_sets.empty(),
               "build_step_plan needs a resolved policy; resolve 'auto' with choose_automatic_policy first");
+  SMELT_CHECK(options.keep_sets.empty() || static_cast<int64_t>(options.keep_sets.size()) == model.n_layers,
+              "keep_sets has " + std::to_string(options.keep_sets.size()) + " entries for " +
+                  std::to_string(model.n_layers) + " blocks");
+  SMELT_CHECK(options.shard_degree >= 1, "shard_degree must be at least 1");
   StepPlan plan;
   plan.model = model;
   plan.options = options;
@@ -126,7 +140,8 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   const int64_t layers = model.n_layers;
 
   // Persistent state.
-  const Shape flat{layout.total()};
+  const int64_t degree = options.shard_degree;
+  const Shape flat{degree == 1 ? layout.total() : (layout.total() + degree - 1) / degree};
   const DType master = master_dtype(compute), statistics = statistics_dtype(compute);
   plan.parameters = b.buffer("parameters (master)", master, flat, BufferClass::parameters, true);
   plan.gradients = b.buffer("gradients", master, flat, BufferClass::gradients, true);
@@ -135,6 +150,12 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   if (compute != master)
     plan.compute_weights = b.buffer(std::string("weights (") + std::string(dtype_name(compute)) + " copy)", compute, flat,
                                     BufferClass::compute_weights, true);
+  if (degree > 1) {
+    const Shape unit{largest_gather_unit(model)};
+    plan.gather_current = b.buffer("all-gather weights (current unit)", compute, unit, BufferClass::communication, true);
+    plan.gather_next = b.buffer("all-gather weights (prefetched unit)", compute, unit, BufferClass::communication, true);
+    plan.reduce_scatter = b.buffer("reduce-scatter gradients (one unit)", master, unit, BufferClass::communication, true);
+  }
   plan.tokens = b.buffer("input tokens", DType::i32, Shape{tokens}, BufferClass::data, true);
   plan.targets = b.buffer("target tokens", DType::i32, Shape{tokens}, BufferClass::data, true);
   plan.rope_frequencies = b.buffer("rope frequencies", DType::f32, Shape{shape.seq_len, model.head_dim() / 2, 2},
@@ -154,7 +175,13 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   for (int64_t i = 0; i < layers; ++i) {
     auto& lb = plan.layers[i];
     const std::string prefix = "layers." + std::to_string(i) + ".";
-    lb.kept = keep_set(options.policy, i);
+    if (options.keep_sets.empty()) {
+      lb.kept = keep_set(options.policy, i);
+    } else {
+      lb.kept = options.keep_sets[i];
+      lb.kept[static_cast<int>(Activation::layer_input)] = true;
+      lb.kept[static_cast<int>(Activation::layer_output)] = false;
+    }
     lb.recomputed = recompute_ops(lb.kept);
     std::array<bool, kActivationCount> recomputed_output{};
     for (int op = 0; op < kForwardOpCount; ++op)

@@ -42,6 +42,13 @@ struct PlanOptions {
   CheckpointPolicy policy;
   int64_t loss_chunk_tokens = 1024;
   size_t backend_workspace_bytes = 0;
+  // One keep-set per block, overriding `policy` (what the automatic policy resolves to);
+  // empty: every block follows `policy`. layer_input is always kept.
+  std::vector<KeepSet> keep_sets;
+  // FSDP / ZeRO-3 ranks: parameters, gradients, optimizer state and the compute copy are
+  // divided by it, and all-gather / reduce-scatter buffers hold one unit's weights.
+  // 1 (one device) leaves the plan exactly as without sharding.
+  int64_t shard_degree = 1;
 };
 
 struct PlannedBuffer {
@@ -72,13 +79,20 @@ struct StepPlan {
   int tokens = -1, targets = -1, rope_frequencies = -1, workspace = -1;
   int final_norm_out = -1, final_rstd = -1, final_norm_out_grad = -1, residual_gradient = -1;
   int logits = -1, grad_logits = -1, losses = -1, loss = -1, grad_sum_squares = -1;
+  // Sharded plans only (-1 otherwise): gathered weights (current unit and the prefetched
+  // next one) and the unsharded gradients of one unit before its reduce-scatter.
+  int gather_current = -1, gather_next = -1, reduce_scatter = -1;
   MemoryPlan memory;
 
   int64_t parameter_count() const;
   double step_flops() const;       // executed FLOPs, recompute included
   double recompute_flops() const;
   size_t bytes_of(BufferClass kind) const;  // sum of buffer sizes of a class (not packed)
+  int64_t local_parameter_count() const;    // this rank's shard of the flat parameters
 };
+
+// Parameters of the largest unit FSDP gathers at once: one block, the embedding or the output head.
+int64_t largest_gather_unit(const ModelConfig& model);
 
 StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options);
 

@@ -10,11 +10,13 @@
 #include "data/loader.h"
 #include "plan/plan_report.h"
 #include "train/backends.h"
+#include "train/checkpoint.h"
 #include "train/executor.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/model_weights.h"
 #include "train/run_setup.h"
+#include "train/step_guard.h"
 
 namespace smelt {
 
@@ -116,32 +118,47 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
     if (!config.validation.enable || !dataset.validation) return -1;
     return validation_loss(executor, *dataset.validation, config.validation.steps, inputs, targets);
   };
-  if (config.validation.enable && dataset.validation) {
+  // Resume (checkpoint.load, or the newest checkpoint in the folder), then guard and checkpoint every step.
+  std::string tokenizer_spec = config.model.tokenizer_path;
+  if (tokenizer_spec != "byte") tokenizer_spec = std::filesystem::absolute(tokenizer_spec).string();
+  Checkpointer checkpointer(config, result.run_folder, model, executor.layout(), tokenizer_spec, shape.seq_len);
+  TrainingProgress progress = checkpointer.resume(executor, *dataset.train, dataset.validation.get(), log);
+  StepGuard guard(config.training, progress);
+  // The optimizer steps run only after the guard has seen this step's loss and gradient norm.
+  size_t optimizer_begin = plan.steps.size();
+  for (size_t i = 0; i < plan.steps.size(); ++i)
+    if (plan.steps[i].kind == StepKind::optimizer) optimizer_begin = std::min(optimizer_begin, i);
+
+  if (config.validation.enable && dataset.validation && progress.step == 0) {
     result.first_validation_loss = run_validation();
     log << "validation loss before training: " << result.first_validation_loss << "\n";
   }
 
-  for (int64_t step = 1; step <= config.training.steps; ++step) {
+  for (int64_t step = progress.step + 1; step <= config.training.steps; ++step) {
     const auto step_start = clock::now();
     dataset.train->next_batch(inputs.data(), targets.data());
     executor.load_batch(inputs.data(), targets.data());
     optimizer.lr = static_cast<float>(schedule.at(step));
-    optimizer.step = step;
-    executor.run(optimizer);
-    const double loss = executor.loss();  // synchronises: the step is complete
+    executor.run_range(0, optimizer_begin, optimizer);
+    const double loss = executor.loss();  // synchronises: forward and backward are complete
+    if (guard.check(step, loss, executor.gradient_norm(), log) == StepVerdict::apply) {
+      optimizer.step = progress.optimizer_steps;  // AdamW's bias correction counts applied updates
+      executor.run_range(optimizer_begin, plan.steps.size(), optimizer);
+    }
+    progress.step = step;
     step_seconds.push_back(std::chrono::duration<double>(clock::now() - step_start).count());
     result.losses.push_back(loss);
     if (step == 1) result.first_loss = loss;
     result.final_loss = loss;
     ++interval_steps;
-    if (!std::isfinite(loss))
-      fail(ErrorKind::internal, "loss became " + std::to_string(loss) + " at step " + std::to_string(step) +
-                                    "; lower optimizer.lr or check the data");
 
     const bool validate = config.validation.enable && dataset.validation &&
                           (step % config.validation.freq == 0 || step == config.training.steps);
     const bool report = step == 1 || step % config.metrics.log_freq == 0 || step == config.training.steps;
-    if (!report && !validate) continue;
+    if (!report && !validate) {
+      checkpointer.after_step(executor, progress, step == config.training.steps, log);
+      continue;
+    }
     const auto now = clock::now();
     const double interval = std::chrono::duration<double>(now - interval_start).count();
     StepMetrics m;
@@ -160,13 +177,13 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
     }
     metrics.write(m);
     log << MetricsLog::console_line(m) << "\n" << std::flush;
+    checkpointer.after_step(executor, progress, step == config.training.steps, log);
     interval_start = clock::now();
     interval_steps = 0;
   }
+  checkpointer.finish();
 
   // The final weights, with what generation needs to use them.
-  std::string tokenizer_spec = config.model.tokenizer_path;
-  if (tokenizer_spec != "byte") tokenizer_spec = std::filesystem::absolute(tokenizer_spec).string();
   save_model_weights(result.run_folder + "/model.safetensors", executor, tokenizer_spec, shape.seq_len);
   log << "weights: " << result.run_folder << "/model.safetensors\n";
 

@@ -1,0 +1,322 @@
+// Per-step time predictions: a roofline over FLOPs and bytes moved, kernel launch
+// costs, fp8 cast traffic, FSDP collectives overlapped per block, calibrated timings.
+#include "plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace smelt {
+
+DeviceCeilings h200_ceilings() { return DeviceCeilings{}; }
+
+DeviceCeilings h100_ceilings() {
+  DeviceCeilings c;
+  c.gpu_name = "NVIDIA H100 80GB HBM3";
+  c.memory_bytes = 80e9;
+  c.gemm_flops = 650e12;
+  c.float8_gemm_flops = 1250e12;
+  c.attention_flops = 480e12;
+  c.elementwise_bytes_per_second = 2.6e12;
+  return c;
+}
+
+DeviceCeilings cpu_ceilings() {
+  DeviceCeilings c;
+  c.gpu_name = "cpu";
+  c.memory_bytes = 64e9;
+  c.gemm_flops = 0.3e12;
+  c.float8_gemm_flops = 0.05e12;  // emulated
+  c.attention_flops = 0.1e12;
+  c.elementwise_bytes_per_second = 20e9;
+  c.kernel_launch_seconds = 2e-6;
+  c.collective_bytes_per_second = 10e9;
+  return c;
+}
+
+DeviceCeilings ceilings_by_name(const std::string& name) {
+  if (name == "h200" || name == "H200") return h200_ceilings();
+  if (name == "h100" || name == "H100") return h100_ceilings();
+  if (name == "cpu") return cpu_ceilings();
+  fail(ErrorKind::config, "--gpu: expected h200, h100 or cpu, found '" + name + "'");
+}
+
+// ---- calibrated timings ------------------------------------------------------------
+
+namespace {
+constexpr char kSeparator = '\x1f';
+constexpr const char* kTimingFormat = "smelt-op-timings";
+constexpr int kTimingVersion = 1;
+
+std::string cache_key(const std::string& gpu, const std::string& op, const std::string& shape) {
+  return gpu + kSeparator + op + kSeparator + shape;
+}
+}  // namespace
+
+OpTimingCache OpTimingCache::load(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) fail(ErrorKind::input, "op timing cache '" + path + "' cannot be opened; check the path or leave it out");
+  nlohmann::json j;
+  try {
+    file >> j;
+  } catch (const std::exception& e) {
+    fail(ErrorKind::input, "op timing cache '" + path + "' is not valid JSON (" + e.what() + "); delete it to re-time");
+  }
+  if (!j.is_object() || j.value("format", "") != kTimingFormat || j.value("version", 0) != kTimingVersion ||
+      !j.contains("entries") || !j["entries"].is_array())
+    fail(ErrorKind::input, "op timing cache '" + path + "': expected an object with format \"" + kTimingFormat +
+                               "\", version " + std::to_string(kTimingVersion) +
+                               " and an \"entries\" array; found something else. Delete it to re-time");
+  OpTimingCache cache;
+  size_t index = 0;
+  for (const auto& e : j["entries"]) {
+    const bool valid = e.is_object() && e.contains("gpu") && e["gpu"].is_string() && e.contains("op") &&
+                       e["op"].is_string() && e.contains("shape") && e["shape"].is_string() && e.contains("seconds") &&
+                       e["seconds"].is_number() && e["seconds"].get<double>() > 0 &&
+                       std::isfinite(e["seconds"].get<double>());
+    if (!valid)
+      fail(ErrorKind::input, "op timing cache '" + path + "', entry " + std::to_string(index) +
+                                 ": expected {\"gpu\": string, \"op\": string, \"shape\": string, \"seconds\": "
+                                 "positive number}, found " + e.dump() + "; fix or delete the entry");
+    cache.set(e["gpu"], e["op"], e["shape"], e["seconds"]);
+    ++index;
+  }
+  return cache;
+}
+
+void OpTimingCache::save(const std::string& path) const {
+  nlohmann::json entries = nlohmann::json::array();
+  for (const auto& [key, seconds] : seconds_) {
+    const size_t first = key.find(kSeparator), second = key.find(kSeparator, first + 1);
+    entries.push_back({{"gpu", key.substr(0, first)},
+                       {"op", key.substr(first + 1, second - first - 1)},
+                       {"shape", key.substr(second + 1)},
+                       {"seconds", seconds}});
+  }
+  nlohmann::json j = {{"format", kTimingFormat}, {"version", kTimingVersion}, {"entries", entries}};
+  std::ofstream file(path);
+  if (!file) fail(ErrorKind::input, "cannot write the op timing cache '" + path + "'; check the folder exists");
+  file << j.dump(1) << "\n";
+}
+
+void OpTimingCache::set(const std::string& gpu, const std::string& op, const std::string& shape, double seconds) {
+  seconds_[cache_key(gpu, op, shape)] = seconds;
+}
+
+std::optional<double> OpTimingCache::find(const std::string& gpu, const std::string& op, const std::string& shape) const {
+  auto it = seconds_.find(cache_key(gpu, op, shape));
+  if (it == seconds_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string op_timing_key(const Step& step) {
+  switch (step.kind) {
+    case StepKind::layer_forward:
+    case StepKind::layer_recompute:
+      return "forward " + std::string(forward_op_info(static_cast<ForwardOp>(step.op)).name);
+    case StepKind::layer_backward:
+      return "backward " + std::string(backward_op_info(static_cast<BackwardOp>(step.op)).name);
+    default: return step.name();
+  }
+}
+
+std::string shape_timing_key(const ModelConfig& m, const PlanOptions& o, bool float8_linears) {
+  return "batch=" + std::to_string(o.shape.batch) + " seq=" + std::to_string(o.shape.seq_len) +
+         " dim=" + std::to_string(m.dim) + " heads=" + std::to_string(m.n_heads) +
+         " kv_heads=" + std::to_string(m.n_kv_heads) + " ffn=" + std::to_string(m.ffn_dim) +
+         " vocab=" + std::to_string(m.vocab_size) + " layers=" + std::to_string(m.n_layers) +
+         " dtype=" + std::string(dtype_name(o.compute_dtype)) + " float8=" + (float8_linears ? "on" : "off") +
+         " loss_chunk=" + std::to_string(o.loss_chunk_tokens) + " shard=" + std::to_string(o.shard_degree);
+}
+
+// ---- the roofline ---------------------------------------------------------------------
+
+namespace {
+
+std::optional<LayerWeight> weight_of(ForwardOp op) {
+  switch (op) {
+    case ForwardOp::q_proj: return LayerWeight::wq;
+    case ForwardOp::k_proj: return LayerWeight::wk;
+    case ForwardOp::v_proj: return LayerWeight::wv;
+    case ForwardOp::o_proj: return LayerWeight::wo;
+    case ForwardOp::gate_proj: return LayerWeight::w1;
+    case ForwardOp::up_proj: return LayerWeight::w3;
+    case ForwardOp::down_proj: return LayerWeight::w2;
+    default: return std::nullopt;
+  }
+}
+
+// The forward op whose weight a backward op differentiates (same table order by name).
+ForwardOp forward_of(BackwardOp op) {
+  switch (op) {
+    case BackwardOp::down_proj: return ForwardOp::down_proj;
+    case BackwardOp::swiglu: return ForwardOp::swiglu;
+    case BackwardOp::gate_proj: return ForwardOp::gate_proj;
+    case BackwardOp::up_proj: return ForwardOp::up_proj;
+    case BackwardOp::ffn_norm: return ForwardOp::ffn_norm;
+    case BackwardOp::o_proj: return ForwardOp::o_proj;
+    case BackwardOp::attention: return ForwardOp::attention;
+    case BackwardOp::q_proj: return ForwardOp::q_proj;
+    case BackwardOp::k_proj: return ForwardOp::k_proj;
+    case BackwardOp::v_proj: return ForwardOp::v_proj;
+    case BackwardOp::attn_norm: return ForwardOp::attn_norm;
+    case BackwardOp::count: break;
+  }
+  return ForwardOp::attn_norm;
+}
+
+double weight_elements(LayerWeight w, const ModelConfig& m) {
+  auto spec = layer_weight_spec(w, m);
+  return static_cast<double>(spec.dims[0]) * static_cast<double>(spec.dims[1]);
+}
+
+}  // namespace
+
+double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const PlanOptions& o) const {
+  const DeviceCeilings& c = ceilings_;
+  const double tokens = static_cast<double>(o.shape.tokens());
+  const double width = static_cast<double>(dtype_size(o.compute_dtype));
+  const double stream = tokens * static_cast<double>(m.dim) * width;  // one (N, D) activation
+  const double local_parameters =
+      std::ceil(static_cast<double>(ParameterLayout(m).total()) / static_cast<double>(std::max<int64_t>(1, o.shard_degree)));
+  auto activation_bytes = [&](Activation a) { return static_cast<double>(activation_spec(a, m, o.shape, o.compute_dtype).bytes()); };
+  auto gradient_bytes = [&](Gradient g) { return static_cast<double>(gradient_spec(g, m, o.shape, o.compute_dtype).bytes()); };
+  const bool fp8 = float8_linears_ && o.compute_dtype != DType::f32 && o.compute_dtype != DType::f64;
+  double flops = step.flops, flop_rate = c.gemm_flops, bytes = 0, extra_bytes = 0, launches = 1;
+
+  switch (step.kind) {
+    case StepKind::layer_forward:
+    case StepKind::layer_recompute: {
+      const auto op = static_cast<ForwardOp>(step.op);
+      const auto& info = forward_op_info(op);
+      for (Activation a : info.inputs) bytes += activation_bytes(a);
+      for (Activation a : info.outputs) bytes += activation_bytes(a);
+      if (op == ForwardOp::attention) flop_rate = c.attention_flops;
+      if (auto w = weight_of(op)) {
+        bytes += weight_elements(*w, m) * width;
+        if (op == ForwardOp::q_proj || op == ForwardOp::k_proj) {  // RoPE in place: one more pass
+          extra_bytes += 2 * activation_bytes(info.outputs[0]);
+          launches += 1;
+        }
+        if (fp8) {  // amax + cast of the input and the weight: read, read, write one byte
+          flop_rate = c.float8_gemm_flops;
+          extra_bytes += (activation_bytes(info.inputs[0]) / width + weight_elements(*w, m)) * (2 * width + 1);
+          launches += 4;
+        }
+      }
+      break;
+    }
+    case StepKind::layer_backward: {
+      const auto op = static_cast<BackwardOp>(step.op);
+      const auto& info = backward_op_info(op);
+      for (Activation a : info.reads) bytes += activation_bytes(a);
+      for (Gradient g : info.gradient_reads) bytes += gradient_bytes(g);
+      for (Gradient g : info.gradient_writes) bytes += gradient_bytes(g);
+      if (op == BackwardOp::down_proj || op == BackwardOp::o_proj) bytes += stream;           // reads d residual
+      if (op == BackwardOp::ffn_norm || op == BackwardOp::attn_norm) bytes += 2 * stream, launches += 1;  // adds to it
+      if (op == BackwardOp::attention) flop_rate = c.attention_flops, launches += 1;
+      if (auto w = weight_of(forward_of(op))) {
+        launches += 1;  // grad-input and grad-weight GEMMs
+        bytes += weight_elements(*w, m) * (width + 4);  // weight read, f32 weight gradient written
+        if (op == BackwardOp::q_proj || op == BackwardOp::k_proj) extra_bytes += 2 * gradient_bytes(info.gradient_reads[0]), launches += 1;
+        if (fp8) {  // casts of the output gradient (two layouts), the input (transposed) and the weight
+          flop_rate = c.float8_gemm_flops;
+          const double inputs = activation_bytes(info.reads[0]) / width;
+          const double outputs = static_cast<double>(gradient_spec(info.gradient_reads.empty() ? Gradient::swiglu_out
+                                                                                               : info.gradient_reads[0],
+                                                                   m, o.shape, o.compute_dtype)
+                                                         .dims[1]) *
+                                 tokens;
+          extra_bytes += (2 * outputs + inputs + weight_elements(*w, m)) * (2 * width + 1);
+          launches += 6;
+        }
+      }
+      break;
+    }
+    case StepKind::embedding_forward: bytes = 2 * stream + tokens * 4; break;
+    case StepKind::embedding_backward: bytes = stream + tokens * static_cast<double>(m.dim) * 8 + tokens * 4; break;
+    case StepKind::final_norm_forward: bytes = 2 * stream + tokens * 4; break;
+    case StepKind::final_norm_backward: bytes = 4 * stream + tokens * 4, launches = 2; break;
+    case StepKind::output_head: {
+      // Per chunk: logits GEMM, cross-entropy (f32 logits written and read, gradient written),
+      // grad-input and grad-weight GEMMs, each reading the (V, D) weight. The output stays bf16.
+      const double chunk = static_cast<double>(std::max<int64_t>(1, std::min(o.loss_chunk_tokens, o.shape.tokens())));
+      const double chunks = std::ceil(tokens / chunk);
+      const double vocabulary = static_cast<double>(m.vocab_size);
+      bytes = tokens * vocabulary * (4 + 4 + width + width) + 3 * stream +
+              chunks * 3 * vocabulary * static_cast<double>(m.dim) * width;
+      launches = chunks * 4;
+      break;
+    }
+    case StepKind::gradient_norm: bytes = 4 * local_parameters; break;
+    case StepKind::optimizer: bytes = 28 * local_parameters, launches = 2; break;  // read p g m v, write p m v
+    case StepKind::cast_weights: bytes = (4 + width) * local_parameters; break;
+    case StepKind::loss_reduce: bytes = tokens * 4; break;
+  }
+  const double bandwidth = c.elementwise_bytes_per_second;
+  return std::max(flops / flop_rate, bytes / bandwidth) + extra_bytes / bandwidth + launches * c.kernel_launch_seconds;
+}
+
+double CostModel::step_seconds(const Step& step, const ModelConfig& model, const PlanOptions& options) const {
+  if (cache_) {
+    if (auto seconds = cache_->find(ceilings_.gpu_name, op_timing_key(step),
+                                    shape_timing_key(model, options, float8_linears_)))
+      return *seconds;
+  }
+  return roofline_seconds(step, model, options);
+}
+
+double CostModel::forward_op_seconds(ForwardOp op, const ModelConfig& model, const PlanOptions& options) const {
+  Step step{StepKind::layer_recompute, 0, static_cast<uint8_t>(op), forward_op_flops(op, model, options.shape)};
+  return step_seconds(step, model, options);
+}
+
+PlanTime CostModel::predict(const StepPlan& plan) const {
+  PlanTime t;
+  const ModelConfig& m = plan.model;
+  const PlanOptions& o = plan.options;
+  const std::string shape_key = cache_ ? shape_timing_key(m, o, float8_linears_) : "";
+  // Per block: forward time, and recompute + backward time (what collectives can hide behind).
+  std::vector<double> forward(m.n_layers, 0.0), backward(m.n_layers, 0.0);
+  double head = 0;
+  for (const Step& s : plan.steps) {
+    double seconds = roofline_seconds(s, m, o);
+    if (cache_)
+      if (auto cached = cache_->find(ceilings_.gpu_name, op_timing_key(s), shape_key)) seconds = *cached, ++t.calibrated_steps;
+    t.compute_seconds += seconds;
+    if (s.kind == StepKind::layer_recompute) t.recompute_seconds += seconds;
+    if (s.kind == StepKind::layer_forward) forward[s.layer] += seconds;
+    if (s.kind == StepKind::layer_recompute || s.kind == StepKind::layer_backward) backward[s.layer] += seconds;
+    if (s.kind == StepKind::output_head) head += seconds;
+  }
+  const double degree = static_cast<double>(o.shard_degree);
+  if (o.shard_degree > 1) {
+    // FSDP: each block's weights are gathered before its forward and again before its backward,
+    // its gradients reduce-scattered after; the next block's transfer overlaps this block's compute.
+    const double share = (degree - 1) / degree, bandwidth = ceilings_.collective_bytes_per_second;
+    const double compute_width = static_cast<double>(dtype_size(o.compute_dtype));
+    const double master_width = static_cast<double>(dtype_size(master_dtype(o.compute_dtype)));
+    const double block = static_cast<double>(m.layer_parameters());
+    const double gather = block * compute_width * share / bandwidth, scatter = block * master_width * share / bandwidth;
+    for (int64_t i = 0; i < m.n_layers; ++i) {
+      t.communication_seconds += 2 * gather + scatter;
+      t.exposed_communication_seconds += std::max(0.0, gather - forward[i]) + std::max(0.0, gather + scatter - backward[i]);
+    }
+    const double ends = static_cast<double>(m.embedding_parameters() + m.vocab_size * m.dim);
+    const double ends_gather = ends * compute_width * share / bandwidth, ends_scatter = ends * master_width * share / bandwidth;
+    t.communication_seconds += 2 * ends_gather + ends_scatter;
+    // The embedding's gather starts the step (exposed); the output head's traffic overlaps the head.
+    const double embedding_share = static_cast<double>(m.embedding_parameters()) / ends;
+    t.exposed_communication_seconds += ends_gather * embedding_share;
+    t.exposed_communication_seconds += std::max(0.0, (ends_gather * (2 - embedding_share) + ends_scatter) - head);
+  }
+  t.seconds = t.compute_seconds + t.exposed_communication_seconds;
+  t.tokens_per_second = t.seconds > 0 ? static_cast<double>(o.shape.tokens()) / t.seconds : 0;
+  return t;
+}
+
+}  // namespace smelt
