@@ -103,6 +103,9 @@ int run_bench(const JobConfig& config, const BenchCommandOptions& options, const
   BenchOptions bench;
   bench.steps = options.steps;
   bench.warmup = options.warmup;
+  bench.trace_path = options.trace;
+  if (!options.trace.empty() && !options.matrix.empty())
+    fail(ErrorKind::config, "--trace applies to one configuration; run it without --matrix");
   const std::string output = options.output.empty() ? (std::filesystem::path(config.job.dump_folder) / "bench.json").string()
                                                      : options.output;
   std::filesystem::create_directories(std::filesystem::path(output).parent_path().empty()

@@ -22,6 +22,7 @@ struct BenchCommandOptions {
   int64_t warmup = 3;
   std::string matrix;  // "precision=bf16,fp8-tensorwise ac=none,selective-op"
   std::string output;  // JSON results; default <dump_folder>/bench.json
+  std::string trace;   // Chrome trace file (single configuration)
 };
 int run_bench(const JobConfig& config, const BenchCommandOptions& options, const ConfigOptions& config_options);
 

@@ -8,6 +8,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "plan_command.h"
 #include "core/error.h"
 #include "train/generate.h"
 
@@ -25,10 +26,8 @@ int main(int argc, char** argv) {
   PlanCommandOptions plan_options;
   auto* plan_command = app.add_subcommand("plan", "Print the step plan and memory breakdown without allocating model memory");
   add_config_options(*plan_command, plan_config);
-  plan_command->add_option("--format", plan_options.format, "text or json")->check(CLI::IsMember({"text", "json"}));
-  plan_command->add_flag("--steps", plan_options.list_steps, "List every step of the plan");
-  plan_command->add_option("--memory-budget-gb", plan_options.memory_budget_gb,
-                           "Mark which policies fit this many GB (default: the config's device)");
+  PlanTargetOptions plan_target;
+  add_plan_command_options(*plan_command, plan_options, plan_target);
 
   ConfigOptions bench_config;
   BenchCommandOptions bench_options;
@@ -38,6 +37,7 @@ int main(int argc, char** argv) {
   bench_command->add_option("--warmup", bench_options.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber);
   bench_command->add_option("--matrix", bench_options.matrix,
                             "Grid, e.g. \"precision=bf16,fp8-tensorwise ac=none,selective-op,full\" (one process per cell)");
+  bench_command->add_option("--trace", bench_options.trace, "Chrome trace (Perfetto) of the timed steps, and a per-op summary");
   bench_command->add_option("--output", bench_options.output, "JSON results file (default <dump_folder>/bench.json)");
 
   GenerateOptions generate_options;
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     if (*train_command) return run_train(resolve_config(*train_command, train_config));
-    if (*plan_command) return run_plan(resolve_config(*plan_command, plan_config), plan_options);
+    if (*plan_command) return run_plan(resolve_config(*plan_command, plan_config), plan_options, plan_target);
     if (*bench_command) {
       JobConfig config = resolve_config(*bench_command, bench_config);
       return run_bench(config, bench_options, bench_config);

@@ -1,55 +1,144 @@
-// `smelt plan`: the step plan and memory breakdown for a config, and every
-// checkpointing policy side by side, on any machine (nothing is allocated).
+// `smelt plan`: the step plan, memory breakdown, predicted step time and fit against a
+// device for a config, every checkpointing policy side by side (auto included), and the
+// memory timeline, on any machine (nothing is allocated).
 #include <cstdio>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
-#include "commands.h"
+#include "core/error.h"
+#include "plan_command.h"
+#include "plan/auto_policy.h"
+#include "plan/memory_timeline.h"
 #include "plan/plan_report.h"
 #include "train/run_setup.h"
 
 namespace smelt {
 
-int run_plan(const JobConfig& config, const PlanCommandOptions& options) {
-  RunSetup setup = prepare_run(config, nullptr, /*need_tokenizer=*/false);
-  StepPlan plan = build_step_plan(setup.model, setup.plan_options);
-  const double budget = options.memory_budget_gb * 1e9;
+void add_plan_command_options(CLI::App& command, PlanCommandOptions& options, PlanTargetOptions& target) {
+  command.add_option("--format", options.format, "text or json")->check(CLI::IsMember({"text", "json"}));
+  command.add_flag("--steps", options.list_steps, "List every step of the plan");
+  command.add_option("--memory-budget-gb", options.memory_budget_gb,
+                     "Arena budget in GB (default: activation_checkpoint.memory_budget_gb, else GPU memory minus a margin)");
+  command.add_option("--gpu", target.gpu, "Device the cost model and memory default describe: h200 or h100")
+      ->check(CLI::IsMember({"h200", "h100"}));
+  command.add_option("--gpu-memory-gb", target.gpu_memory_gb, "Memory of one GPU in GB (default: 141 for h200, 80 for h100)")
+      ->check(CLI::PositiveNumber);
+  command.add_option("--op-timings", target.op_timings, "Calibrated per-op timings (JSON, docs/memory_plan.md)");
+  command.add_option("--timeline", target.timeline_html, "Write the memory timeline as a self-contained HTML page");
+  command.add_option("--timeline-json", target.timeline_json, "Write the memory timeline as JSON");
+}
 
-  // The alternatives: the same run under each fixed policy.
-  std::vector<std::string> policies = {"none", "selective-layer:2", "selective-op", "full"};
-  nlohmann::json comparison = nlohmann::json::array();
-  std::string table = "\ncheckpointing policies (same model, batch and dtype):\n"
-                      "  policy               arena          activations+recompute   recompute FLOPs   fits\n";
-  for (const auto& name : policies) {
+namespace {
+
+struct PolicyRow {
+  std::string name;
+  StepPlan plan;
+  PlanTime time;
+};
+
+}  // namespace
+
+int run_plan(const JobConfig& config, const PlanCommandOptions& options) { return run_plan(config, options, {}); }
+
+int run_plan(const JobConfig& config, const PlanCommandOptions& options, const PlanTargetOptions& target_options) {
+  PlanTarget target;
+  target.gpu = target_options.gpu;
+  target.device_memory_bytes = target_options.gpu_memory_gb * 1e9;
+  target.op_timings_path = target_options.op_timings;
+  JobConfig adjusted = config;
+  if (options.memory_budget_gb > 0) adjusted.activation_checkpoint.memory_budget_gb = options.memory_budget_gb;
+  RunSetup setup = prepare_run(adjusted, nullptr, /*need_tokenizer=*/false, target);
+  const CostModel cost = setup.cost_model();
+  const double budget = setup.memory_budget_bytes;
+  StepPlan plan = build_step_plan(setup.model, setup.plan_options);
+  const PlanTime time = cost.predict(plan);
+
+  // The alternatives: the same run under each fixed policy, and auto under the budget.
+  std::vector<PolicyRow> rows;
+  for (const char* name : {"none", "selective-layer:2", "selective-op", "full"}) {
     PlanOptions o = setup.plan_options;
     o.policy = parse_checkpoint_policy(name);
+    o.keep_sets.clear();
     StepPlan p = build_step_plan(setup.model, o);
-    const size_t activations = p.bytes_of(BufferClass::activations) + p.bytes_of(BufferClass::recompute);
-    const char* fits = budget > 0 ? (static_cast<double>(p.memory.arena_bytes) <= budget ? "yes" : "no") : "-";
-    char line[256];
-    std::snprintf(line, sizeof line, "  %-20s %-14s %-23s %-17.3g %s%s\n", name.c_str(),
-                  format_bytes(p.memory.arena_bytes).c_str(), format_bytes(activations).c_str(), p.recompute_flops(), fits,
-                  name == plan.options.policy.str() ? "   <- this config" : "");
-    table += line;
-    comparison.push_back({{"policy", name},
-                          {"arena_bytes", p.memory.arena_bytes},
-                          {"recompute_flops", p.recompute_flops()},
-                          {"fits", budget > 0 ? nlohmann::json(static_cast<double>(p.memory.arena_bytes) <= budget)
-                                              : nlohmann::json(nullptr)}});
+    PlanTime t = cost.predict(p);
+    rows.push_back({name, std::move(p), t});
   }
+  std::string auto_failure;
+  if (plan.options.policy.mode == CheckpointMode::automatic) {
+    rows.push_back({"auto", plan, time});
+  } else {
+    try {
+      PlanOptions o = setup.plan_options;
+      o.policy.mode = CheckpointMode::automatic;
+      AutoPolicyResult chosen = choose_automatic_policy(setup.model, o, budget, cost);
+      rows.push_back({"auto", std::move(chosen.plan), chosen.time});
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::memory) throw;
+      auto_failure = "nothing fits the budget";
+    }
+  }
+  const bool fits = static_cast<double>(plan.memory.arena_bytes) <= budget;
+  std::vector<std::string> changes;
+  if (!fits) changes = changes_that_fit(setup.model, setup.plan_options, budget, cost);
+
+  const std::string title = setup.model.flavor + ", " + plan.options.policy.str() + ", " +
+                            std::string(dtype_name(plan.options.compute_dtype)) +
+                            (setup.float8_linears ? " + fp8 " + config.float8.recipe : "") +
+                            (plan.options.shard_degree > 1 ? ", FSDP " + std::to_string(plan.options.shard_degree) : "") +
+                            ": memory timeline of one training step";
+  if (!target_options.timeline_html.empty())
+    write_text_file(target_options.timeline_html, memory_timeline_html(plan, title));
+  if (!target_options.timeline_json.empty())
+    write_text_file(target_options.timeline_json, memory_timeline_json(plan, title).dump(1) + "\n");
 
   if (options.format == "json") {
     nlohmann::json j = plan_to_json(plan, options.list_steps);
+    nlohmann::json comparison = nlohmann::json::array(), automatic = nullptr;
+    for (const auto& row : rows) {
+      nlohmann::json r = {{"policy", row.name},
+                          {"arena_bytes", row.plan.memory.arena_bytes},
+                          {"recompute_flops", row.plan.recompute_flops()},
+                          {"prediction", prediction_to_json(row.plan, row.time)},
+                          {"fits", static_cast<double>(row.plan.memory.arena_bytes) <= budget}};
+      if (row.name == "auto") automatic = r;
+      else comparison.push_back(r);
+    }
     j["policies"] = comparison;
-    if (budget > 0) j["memory_budget_bytes"] = budget;
+    j["auto"] = automatic;
+    j["prediction"] = prediction_to_json(plan, time);
+    j["device"] = {{"gpu", setup.ceilings.gpu_name}, {"memory_bytes", setup.ceilings.memory_bytes}};
+    j["memory_budget_bytes"] = budget;
+    j["fits"] = fits;
+    j["margin_bytes"] = budget - static_cast<double>(plan.memory.arena_bytes);
+    j["changes_that_fit"] = changes;
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << format_plan(plan, options.list_steps) << table;
-  if (budget > 0)
-    std::cout << "\nmemory budget: " << options.memory_budget_gb << " GB; this config's arena "
-              << (static_cast<double>(plan.memory.arena_bytes) <= budget ? "fits" : "does NOT fit") << "\n";
+
+  std::cout << format_plan(plan, options.list_steps);
+  char line[512];
+  std::cout << "predicted: " << format_prediction(plan, time) << "\n";
+  std::snprintf(line, sizeof line, "device:    %s ceilings%s, %.1f GB memory; budget %.2f GB (%s)\n",
+                setup.ceilings.gpu_name.c_str(), setup.float8_linears ? " with fp8 linear GEMMs" : "",
+                setup.ceilings.memory_bytes / 1e9, budget / 1e9,
+                setup.memory_budget_explicit ? "set" : "memory minus the safety margin");
+  std::cout << line;
+  std::cout << "fit:       " << fit_description(plan.memory.arena_bytes, budget) << "\n";
+  for (const auto& change : changes) std::cout << "           would fit with " << change << "\n";
+
+  std::cout << "\ncheckpointing policies (same model, batch, dtype and layout; times from the cost model):\n"
+               "  policy              arena        act.+recompute  recompute FLOPs  step s    tokens/s/GPU  fits (margin GB)\n";
+  for (const auto& row : rows) {
+    const size_t activations = row.plan.bytes_of(BufferClass::activations) + row.plan.bytes_of(BufferClass::recompute);
+    const double margin = budget - static_cast<double>(row.plan.memory.arena_bytes);
+    std::snprintf(line, sizeof line, "  %-19s %-12s %-15s %-16.3g %-9.3f %-13.0f %s (%.2f)%s\n", row.name.c_str(),
+                  format_bytes(row.plan.memory.arena_bytes).c_str(), format_bytes(activations).c_str(),
+                  row.plan.recompute_flops(), row.time.seconds, row.time.tokens_per_second, margin >= 0 ? "yes" : "no",
+                  margin / 1e9, row.name == plan.options.policy.str() ? "   <- this config" : "");
+    std::cout << line;
+  }
+  if (!auto_failure.empty()) std::cout << "  auto                " << auto_failure << "\n";
   return 0;
 }
 

@@ -169,6 +169,8 @@ std::vector<ConfigField> config_schema() {
            "activation and compute-weight dtype", one_of({"float32", "bfloat16"})),
       bind("training", "loss_chunk_tokens", &C::training, &TrainingSection::loss_chunk_tokens,
            "rows of the output projection computed at once", at_least(1)),
+      bind("training", "cuda_graph", &C::training, &TrainingSection::cuda_graph,
+           "CUDA: capture the forward and backward once as a CUDA graph and replay it every step"),
       bind("training", "on_nonfinite", &C::training, &TrainingSection::on_nonfinite,
            "non-finite loss or gradient norm: skip the update, or stop the run", one_of({"skip", "stop"})),
       bind("training", "loss_spike_window", &C::training, &TrainingSection::loss_spike_window,

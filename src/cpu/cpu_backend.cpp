@@ -3,6 +3,8 @@
 #include "cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
+#include <vector>
 #include <cstring>
 #include <string>
 
@@ -68,6 +70,12 @@ class CpuBackend final : public Backend {
   }
   void synchronize() override {}
 
+  void reserve_timing_marks(size_t count) override { marks_.assign(count, {}); }
+  void timing_mark(size_t index) override { marks_.at(index) = std::chrono::steady_clock::now(); }
+  double timing_elapsed_ms(size_t from, size_t to) override {
+    return std::chrono::duration<double, std::milli>(marks_.at(to) - marks_.at(from)).count();
+  }
+
  private:
   static void check_host(const TensorView& view, const char* op) {
     if (view.device != Device::cpu)
@@ -76,6 +84,7 @@ class CpuBackend final : public Backend {
   }
 
   HostMemoryResource memory_;
+  std::vector<std::chrono::steady_clock::time_point> marks_;
   TensorView workspace_;
 };
 

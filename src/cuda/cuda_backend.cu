@@ -3,6 +3,9 @@
 // Also the status-check helpers and argument checks shared by the op files.
 #include "cuda/cuda_backend.h"
 
+#include <nvtx3/nvToolsExt.h>
+#include <vector>
+
 #include <cublasLt.h>
 #include <cudnn.h>
 
@@ -110,6 +113,9 @@ struct CudaBackendState {
   cuda::CudaContext context;
   std::unique_ptr<cuda::OpCache> gemm_cache;
   std::unique_ptr<cuda::OpCache> attention_cache;
+  std::vector<cudaEvent_t> marks;  // timing marks, created once
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t graph_exec = nullptr;
 };
 
 CudaBackend::CudaBackend(const CudaBackendOptions& options) : state_(std::make_unique<CudaBackendState>()) {
@@ -134,6 +140,9 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : state_(std::make_u
 CudaBackend::~CudaBackend() {
   auto& context = state_->context;
   if (context.stream) cudaStreamSynchronize(context.stream);
+  for (cudaEvent_t e : state_->marks) cudaEventDestroy(e);
+  if (state_->graph_exec) cudaGraphExecDestroy(state_->graph_exec);
+  if (state_->graph) cudaGraphDestroy(state_->graph);
   state_->attention_cache.reset();  // plans before the handle they were built on
   state_->gemm_cache.reset();
   if (context.cudnn) cudnnDestroy(context.cudnn);
@@ -142,6 +151,59 @@ CudaBackend::~CudaBackend() {
 }
 
 MemoryResource& CudaBackend::memory() { return state_->memory; }
+
+void CudaBackend::reserve_timing_marks(size_t count) {
+  while (state_->marks.size() < count) {
+    cudaEvent_t event;
+    SMELT_CUDA_CHECK(cudaEventCreate(&event));
+    state_->marks.push_back(event);
+  }
+}
+
+void CudaBackend::timing_mark(size_t index) {
+  SMELT_CHECK(index < state_->marks.size(), "timing mark " + std::to_string(index) + " was not reserved");
+  SMELT_CUDA_CHECK(cudaEventRecord(state_->marks[index], state_->context.stream));
+}
+
+double CudaBackend::timing_elapsed_ms(size_t from, size_t to) {
+  float ms = 0;
+  SMELT_CUDA_CHECK(cudaEventElapsedTime(&ms, state_->marks.at(from), state_->marks.at(to)));
+  return ms;
+}
+
+bool CudaBackend::begin_capture() {
+  SMELT_CUDA_CHECK(cudaStreamBeginCapture(state_->context.stream, cudaStreamCaptureModeThreadLocal));
+  return true;
+}
+
+bool CudaBackend::end_capture() {
+  cudaGraph_t graph = nullptr;
+  cudaError_t status = cudaStreamEndCapture(state_->context.stream, &graph);
+  if (status != cudaSuccess || graph == nullptr) {
+    cudaGetLastError();  // clear the capture error; the stream is usable again
+    if (graph) cudaGraphDestroy(graph);
+    return false;
+  }
+  cudaGraphExec_t exec = nullptr;
+  if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+    cudaGetLastError();
+    cudaGraphDestroy(graph);
+    return false;
+  }
+  if (state_->graph_exec) cudaGraphExecDestroy(state_->graph_exec);
+  if (state_->graph) cudaGraphDestroy(state_->graph);
+  state_->graph = graph;
+  state_->graph_exec = exec;
+  return true;
+}
+
+void CudaBackend::replay() {
+  SMELT_CHECK(state_->graph_exec != nullptr, "replay() before a successful capture");
+  SMELT_CUDA_CHECK(cudaGraphLaunch(state_->graph_exec, state_->context.stream));
+}
+
+void CudaBackend::range_push(const char* name) { nvtxRangePushA(name); }
+void CudaBackend::range_pop() { nvtxRangePop(); }
 void* CudaBackend::stream() const { return state_->context.stream; }
 void CudaBackend::set_attention(CudaAttention attention) { state_->attention = attention; }
 

@@ -81,6 +81,15 @@ class CudaBackend final : public Backend {
   void fill(TensorView dst, float value) override;
   void synchronize() override;
 
+  void reserve_timing_marks(size_t count) override;
+  void timing_mark(size_t index) override;
+  double timing_elapsed_ms(size_t from, size_t to) override;
+  bool begin_capture() override;
+  bool end_capture() override;
+  void replay() override;
+  void range_push(const char* name) override;
+  void range_pop() override;
+
  private:
   std::unique_ptr<CudaBackendState> state_;
 };

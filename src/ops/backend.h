@@ -56,6 +56,25 @@ class Backend {
   virtual void copy_to_host(void* host_dst, TensorView src) = 0;
   virtual void fill(TensorView dst, float value) = 0;
   virtual void synchronize() = 0;
+
+  // Timing marks for traces. timing_mark(i) records when the work queued before it
+  // finishes (a CUDA event on the stream; the host clock on the CPU, whose ops are
+  // synchronous); timing_elapsed_ms(a, b) is valid after synchronize(). Marks are
+  // created once by reserve_timing_marks, at start-up.
+  virtual void reserve_timing_marks(size_t count) = 0;
+  virtual void timing_mark(size_t index) = 0;
+  virtual double timing_elapsed_ms(size_t from, size_t to) = 0;
+  // Whole-step graphs: the ops issued between begin_capture() and end_capture() are
+  // recorded once, not run, and replay() runs them again. begin_capture returns false
+  // where graphs are not supported (the CPU); end_capture returns false when the capture
+  // failed (an op that cannot be captured), leaving the backend as before.
+  virtual bool begin_capture() { return false; }
+  virtual bool end_capture() { return false; }
+  virtual void replay() {}
+
+  // Named ranges for profilers (NVTX on CUDA); nothing on the CPU.
+  virtual void range_push(const char* name) { (void)name; }
+  virtual void range_pop() {}
 };
 
 }  // namespace smelt

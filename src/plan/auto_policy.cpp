@@ -16,11 +16,6 @@ namespace {
 
 size_t aligned(size_t bytes) { return (bytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment; }
 
-bool dominates(const KeepCandidate& a, const KeepCandidate& b) {
-  return a.kept_bytes <= b.kept_bytes && a.transient_bytes <= b.transient_bytes &&
-         a.recompute_seconds <= b.recompute_seconds;
-}
-
 StepPlan build_with(const ModelConfig& model, PlanOptions options, const std::vector<KeepSet>& keep_sets) {
   options.keep_sets = keep_sets;
   return build_step_plan(model, options);
@@ -110,15 +105,26 @@ std::vector<KeepCandidate> keep_candidates(const ModelConfig& model, const PlanO
     }
     all.push_back(c);
   }
-  std::stable_sort(all.begin(), all.end(), [](const KeepCandidate& a, const KeepCandidate& b) {
-    if (a.kept_bytes != b.kept_bytes) return a.kept_bytes < b.kept_bytes;
-    if (a.recompute_seconds != b.recompute_seconds) return a.recompute_seconds < b.recompute_seconds;
-    return a.transient_bytes < b.transient_bytes;
-  });
+  // Two frontiers: kept bytes against time (what every later block's peak sees) and kept plus
+  // transient bytes against time (what the block's own backward sees); their union is the menu.
   std::vector<KeepCandidate> frontier;
-  for (const auto& c : all)
-    if (std::none_of(frontier.begin(), frontier.end(), [&](const KeepCandidate& f) { return dominates(f, c); }))
-      frontier.push_back(c);
+  for (int pass = 0; pass < 2; ++pass) {
+    auto weight = [&](const KeepCandidate& c) { return c.kept_bytes + (pass == 1 ? c.transient_bytes : 0); };
+    std::stable_sort(all.begin(), all.end(), [&](const KeepCandidate& a, const KeepCandidate& b) {
+      if (weight(a) != weight(b)) return weight(a) < weight(b);
+      if (a.recompute_seconds != b.recompute_seconds) return a.recompute_seconds < b.recompute_seconds;
+      return a.transient_bytes < b.transient_bytes;
+    });
+    double best = std::numeric_limits<double>::infinity();
+    for (const auto& c : all) {
+      if (!(c.recompute_seconds < best)) continue;
+      best = c.recompute_seconds;
+      if (std::none_of(frontier.begin(), frontier.end(), [&](const KeepCandidate& f) { return f.kept == c.kept; }))
+        frontier.push_back(c);
+    }
+  }
+  std::stable_sort(frontier.begin(), frontier.end(),
+                   [](const KeepCandidate& a, const KeepCandidate& b) { return a.kept_bytes < b.kept_bytes; });
   SMELT_CHECK(frontier.size() < 256, "too many keep candidates for the choice table");
   return frontier;
 }

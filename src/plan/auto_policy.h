@@ -18,8 +18,8 @@ struct KeepCandidate {
   double recompute_seconds = 0;
 };
 
-// Every keep-set of one block that is not dominated in (kept bytes, transient bytes,
-// recompute time), cheapest memory first. Blocks share shapes, so one list serves all.
+// The keep-sets of one block on the Pareto frontier of (kept bytes, recompute time) or of
+// (kept + transient bytes, recompute time), least kept first. Blocks share shapes: one list serves all.
 std::vector<KeepCandidate> keep_candidates(const ModelConfig& model, const PlanOptions& options, const CostModel& cost);
 
 struct AutoPolicyResult {

@@ -181,8 +181,9 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
   const double tokens = static_cast<double>(o.shape.tokens());
   const double width = static_cast<double>(dtype_size(o.compute_dtype));
   const double stream = tokens * static_cast<double>(m.dim) * width;  // one (N, D) activation
-  const double local_parameters =
-      std::ceil(static_cast<double>(ParameterLayout(m).total()) / static_cast<double>(std::max<int64_t>(1, o.shard_degree)));
+  auto local_parameters = [&] {  // only the whole-model steps need it (the layout is costly to build)
+    return std::ceil(static_cast<double>(ParameterLayout(m).total()) / static_cast<double>(std::max<int64_t>(1, o.shard_degree)));
+  };
   auto activation_bytes = [&](Activation a) { return static_cast<double>(activation_spec(a, m, o.shape, o.compute_dtype).bytes()); };
   auto gradient_bytes = [&](Gradient g) { return static_cast<double>(gradient_spec(g, m, o.shape, o.compute_dtype).bytes()); };
   const bool fp8 = float8_linears_ && o.compute_dtype != DType::f32 && o.compute_dtype != DType::f64;
@@ -252,9 +253,9 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
       launches = chunks * 4;
       break;
     }
-    case StepKind::gradient_norm: bytes = 4 * local_parameters; break;
-    case StepKind::optimizer: bytes = 28 * local_parameters, launches = 2; break;  // read p g m v, write p m v
-    case StepKind::cast_weights: bytes = (4 + width) * local_parameters; break;
+    case StepKind::gradient_norm: bytes = 4 * local_parameters(); break;
+    case StepKind::optimizer: bytes = 28 * local_parameters(), launches = 2; break;  // read p g m v, write p m v
+    case StepKind::cast_weights: bytes = (4 + width) * local_parameters(); break;
     case StepKind::loss_reduce: bytes = tokens * 4; break;
   }
   const double bandwidth = c.elementwise_bytes_per_second;

@@ -53,7 +53,12 @@ std::string format_plan(const StepPlan& plan, bool list_steps) {
   std::ostringstream out;
   char line[512];
   out << "model:   " << describe(plan.model) << "\n";
-  out << "plan:    " << plan_summary_line(plan) << "\n\n";
+  out << "plan:    " << plan_summary_line(plan) << "\n";
+  if (plan.options.shard_degree > 1)
+    out << "layout:  FSDP over " << plan.options.shard_degree << " ranks (parallelism.data_parallel_shard_degree): "
+        << "parameters, gradients, optimizer state and weight copies are divided by " << plan.options.shard_degree
+        << "; memory below is one rank's\n";
+  out << "\n";
   const auto& peak = plan.memory.live_by_class[plan.memory.peak_step];
   out << "memory by buffer class      allocated (sum of buffers)    live at the peak\n";
   for (size_t c = 0; c < kClassCount; ++c) {
@@ -108,6 +113,63 @@ std::string format_plan(const StepPlan& plan, bool list_steps) {
   return out.str();
 }
 
+static std::string thousands(double value) {
+  std::string digits = std::to_string(static_cast<long long>(value + 0.5)), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+static double model_flops_utilization(const StepPlan& plan, const PlanTime& time, double peak_flops) {
+  return time.tokens_per_second * plan.model.training_flops_per_token(plan.options.shape.seq_len) / peak_flops;
+}
+
+std::string format_prediction(const StepPlan& plan, const PlanTime& time, double peak_flops) {
+  char line[512];
+  std::snprintf(line, sizeof line, "%.3f s/step (compute %.3f s, of which recompute %.3f s", time.seconds,
+                time.compute_seconds, time.recompute_seconds);
+  std::string text = line;
+  if (plan.options.shard_degree > 1) {
+    std::snprintf(line, sizeof line, "; communication %.3f s, exposed %.3f s", time.communication_seconds,
+                  time.exposed_communication_seconds);
+    text += line;
+  }
+  text += "): " + thousands(time.tokens_per_second) + " tokens/s per GPU";
+  if (plan.options.shard_degree > 1)
+    text += ", " + thousands(time.tokens_per_second * static_cast<double>(plan.options.shard_degree)) + " over " +
+            std::to_string(plan.options.shard_degree) + " GPUs";
+  std::snprintf(line, sizeof line, ", MFU %.1f%%", 100 * model_flops_utilization(plan, time, peak_flops));
+  text += line;
+  if (time.calibrated_steps > 0) text += " (" + std::to_string(time.calibrated_steps) + " steps from calibrated timings)";
+  return text;
+}
+
+nlohmann::json prediction_to_json(const StepPlan& plan, const PlanTime& time, double peak_flops) {
+  return {{"step_seconds", time.seconds},
+          {"compute_seconds", time.compute_seconds},
+          {"recompute_seconds", time.recompute_seconds},
+          {"communication_seconds", time.communication_seconds},
+          {"exposed_communication_seconds", time.exposed_communication_seconds},
+          {"tokens_per_second_per_gpu", time.tokens_per_second},
+          {"tokens_per_second", time.tokens_per_second * static_cast<double>(plan.options.shard_degree)},
+          {"mfu", model_flops_utilization(plan, time, peak_flops)},
+          {"calibrated_steps", time.calibrated_steps}};
+}
+
+std::string fit_description(size_t arena_bytes, double budget_bytes) {
+  char line[256];
+  const double arena = static_cast<double>(arena_bytes);
+  if (arena <= budget_bytes)
+    std::snprintf(line, sizeof line, "fits, with margin %.2f GB (arena %.2f GB of a %.2f GB budget)",
+                  (budget_bytes - arena) / 1e9, arena / 1e9, budget_bytes / 1e9);
+  else
+    std::snprintf(line, sizeof line, "does NOT fit: over by %.2f GB (arena %.2f GB, budget %.2f GB)",
+                  (arena - budget_bytes) / 1e9, arena / 1e9, budget_bytes / 1e9);
+  return line;
+}
+
 nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps) {
   nlohmann::json j;
   j["model"] = {{"flavor", plan.model.flavor},       {"dim", plan.model.dim},
@@ -118,6 +180,7 @@ nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps) {
   j["compute_dtype"] = std::string(dtype_name(plan.options.compute_dtype));
   j["batch_size"] = plan.options.shape.batch;
   j["seq_len"] = plan.options.shape.seq_len;
+  j["data_parallel_shard_degree"] = plan.options.shard_degree;
   j["arena_bytes"] = plan.memory.arena_bytes;
   j["peak_live_bytes"] = plan.memory.peak_live_bytes;
   j["peak_step"] = plan.steps[plan.memory.peak_step].name();

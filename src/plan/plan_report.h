@@ -5,6 +5,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "plan/cost_model.h"
 #include "plan/step_plan.h"
 
 namespace smelt {
@@ -16,5 +17,12 @@ std::string plan_summary_line(const StepPlan& plan);
 // recompute FLOPs; with `list_steps`, every step with its FLOPs and live memory.
 std::string format_plan(const StepPlan& plan, bool list_steps);
 nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps);
+
+// "1.234 s/step (compute 1.10 s, of which recompute 0.10 s; exposed communication 0.03 s): 6,640 tokens/s
+// per GPU, 26,560 over 4 GPUs, MFU 49.6%"; MFU by torchtitan's count against `peak_flops` (989 TFLOPS).
+std::string format_prediction(const StepPlan& plan, const PlanTime& time, double peak_flops = 989e12);
+nlohmann::json prediction_to_json(const StepPlan& plan, const PlanTime& time, double peak_flops = 989e12);
+// "fits, with margin 12.34 GB (arena 65.30 GB of a 77.60 GB budget)" or "does NOT fit: over by ...".
+std::string fit_description(size_t arena_bytes, double budget_bytes);
 
 }  // namespace smelt

@@ -15,6 +15,7 @@
 #include "train/executor.h"
 #include "train/metrics.h"
 #include "train/run_setup.h"
+#include "train/trace.h"
 #ifdef SMELT_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #endif
@@ -70,6 +71,7 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   for (auto& t : inputs) t = static_cast<int32_t>(random.below(static_cast<uint64_t>(setup.tokenizer ? setup.tokenizer->vocab_size() : setup.model.vocab_size)));
   for (size_t i = 0; i < targets.size(); ++i) targets[i] = inputs[(i + 1) % inputs.size()];
   executor.load_batch(inputs.data(), targets.data());
+  executor.enable_graph(config.training.cuda_graph);
 
   OptimizerSettings optimizer;
   optimizer.lr = static_cast<float>(config.optimizer.lr);
@@ -80,11 +82,18 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   optimizer.max_norm = static_cast<float>(config.training.max_norm);
 
   std::vector<double> milliseconds;
+  std::vector<double> per_step_ms(plan.steps.size(), 0.0);
+  const bool tracing = !options.trace_path.empty();
   for (int64_t step = 1; step <= options.warmup + options.steps; ++step) {
     optimizer.step = step;
+    if (tracing && step == options.warmup + 1) executor.enable_timing(true);
     const auto start = clock::now();
     executor.run(optimizer);
     const double loss = executor.loss();  // waits for the step
+    if (tracing && step > options.warmup) {
+      auto ms = executor.step_milliseconds();
+      for (size_t i = 0; i < ms.size(); ++i) per_step_ms[i] += ms[i] / static_cast<double>(options.steps);
+    }
     const double ms = std::chrono::duration<double, std::milli>(clock::now() - start).count();
     if (step == 1) r.first_loss = loss;
     r.last_loss = loss;
@@ -93,7 +102,14 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
     log << "  step " << step << (step <= options.warmup ? " (warm-up)" : "") << ": " << ms << " ms, loss " << loss
         << "\n" << std::flush;
   }
+  if (tracing) {
+    write_chrome_trace(options.trace_path, plan, per_step_ms);
+    log << "\nwhere the time goes (mean of " << options.steps << " traced steps; trace: " << options.trace_path << ")\n"
+        << trace_summary(plan, per_step_ms) << std::flush;
+  }
   const size_t free_after = device_free_bytes(*backend);
+  if (backend->device() == Device::cuda)
+    log << "CUDA graph: " << (executor.graph_active() ? "captured and replayed" : "off (ops launched one by one)") << "\n";
   r.measured_bytes = backend->device() == Device::cuda ? free_before - free_after : executor.arena().size();
 
   std::vector<double> sorted = milliseconds;

@@ -14,6 +14,7 @@ namespace smelt {
 struct BenchOptions {
   int64_t steps = 10;   // timed steps
   int64_t warmup = 3;   // untimed steps first
+  std::string trace_path;  // Chrome trace of the last timed step; also prints where the time goes
 };
 
 struct BenchResult {

@@ -1,7 +1,9 @@
 // Executor: binds plan buffers to arena views and dispatches steps to the model code.
 #include "train/executor.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 namespace smelt {
@@ -139,10 +141,67 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
 }
 
 void Executor::run_range(size_t first, size_t last, const OptimizerSettings& optimizer) {
-  for (size_t i = first; i < last && i < plan_.steps.size(); ++i) run_step(plan_.steps[i], optimizer);
+  last = std::min(last, plan_.steps.size());
+  for (size_t i = first; i < last; ++i) {
+    if (timing_) {
+      backend_.timing_mark(i);
+      backend_.range_push(step_names_[i].c_str());
+    }
+    run_step(plan_.steps[i], optimizer);
+    if (timing_) backend_.range_pop();
+  }
+  if (timing_ && last == plan_.steps.size()) backend_.timing_mark(last);
 }
 
-void Executor::run(const OptimizerSettings& optimizer) { run_range(0, plan_.steps.size(), optimizer); }
+void Executor::enable_timing(bool enabled) {
+  timing_ = enabled;
+  if (!enabled) return;
+  backend_.reserve_timing_marks(plan_.steps.size() + 1);
+  step_names_.clear();
+  for (const auto& step : plan_.steps) step_names_.push_back(step.name());
+}
+
+std::vector<double> Executor::step_milliseconds() {
+  SMELT_CHECK(timing_, "step_milliseconds needs enable_timing(true) before run()");
+  backend_.synchronize();
+  std::vector<double> ms(plan_.steps.size());
+  for (size_t i = 0; i < ms.size(); ++i) ms[i] = backend_.timing_elapsed_ms(i, i + 1);
+  return ms;
+}
+
+void Executor::run(const OptimizerSettings& optimizer) {
+  const size_t end = plan_.steps.size();
+  size_t split = 0;  // the steps before the optimizer: the same work every step
+  while (split < end && plan_.steps[split].kind != StepKind::optimizer) ++split;
+  const bool use_graph = graph_wanted_ && !graph_failed_ && !timing_;
+  if (!use_graph || (!graph_captured_ && eager_runs_ < 1)) {
+    ++eager_runs_;  // the first step runs eagerly: library caches and plans get built
+    run_range(0, end, optimizer);
+    return;
+  }
+  if (!graph_captured_) {
+    if (!backend_.begin_capture()) {
+      graph_failed_ = true;
+      run_range(0, end, optimizer);
+      return;
+    }
+    try {
+      run_range(0, split, optimizer);
+    } catch (const Error&) {
+      backend_.end_capture();
+      graph_failed_ = true;
+    }
+    if (!graph_failed_) graph_captured_ = backend_.end_capture();
+    if (!graph_captured_) {
+      graph_failed_ = true;
+      std::fprintf(stderr, "smelt: the step could not be captured as a CUDA graph; running it op by op\n");
+      run_range(0, end, optimizer);
+      return;
+    }
+  }
+  backend_.replay();
+  run_range(split, end, optimizer);
+}
 
 static double read_scalar(Backend& backend, const TensorView& v) {
   if (v.dtype == DType::f64) {

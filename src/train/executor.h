@@ -2,6 +2,8 @@
 // the one arena the MemoryPlan sized. Owns no memory of its own.
 #pragma once
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "model/llama_ops.h"
 #include "plan/step_plan.h"
@@ -37,6 +39,18 @@ class Executor {
   void run_range(size_t first, size_t last, const OptimizerSettings& optimizer);
   void run_step(const Step& step, const OptimizerSettings& optimizer);
 
+  // Whole-step graphs: after one eager step, the steps before the optimizer are captured
+  // once and replayed every step (the optimizer, whose learning rate changes, runs
+  // eagerly). Ignored by backends without graphs and while timing is enabled.
+  void enable_graph(bool enabled) { graph_wanted_ = enabled; }
+  bool graph_active() const { return graph_captured_; }
+
+  // Per-step timing for traces: when enabled, run() marks the backend's timeline around
+  // every step (and names an NVTX range per step); step_milliseconds() reads them back
+  // after the step (it synchronises).
+  void enable_timing(bool enabled);
+  std::vector<double> step_milliseconds();
+
   // Results of the last step, read from the backend (synchronises).
   double loss();
   double gradient_norm();
@@ -52,6 +66,10 @@ class Executor {
   ParameterLayout layout_;
   std::unique_ptr<Arena> arena_;
   ModelContext context_;
+  bool timing_ = false;
+  bool graph_wanted_ = false, graph_captured_ = false, graph_failed_ = false;
+  int eager_runs_ = 0;
+  std::vector<std::string> step_names_;
 };
 
 }  // namespace smelt

@@ -1,6 +1,7 @@
 // Text generation from trained weights: temperature and nucleus (top-p) sampling,
 // one forward pass of the whole context per new token (simple and exact).
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <string>
 

@@ -3,7 +3,10 @@
 
 #include <algorithm>
 
+#include <unistd.h>
+
 #include "core/error.h"
+#include "plan/auto_policy.h"
 
 namespace smelt {
 
@@ -35,7 +38,16 @@ size_t estimated_workspace_bytes(const std::string& device, const WorkspaceShape
   return 3 * largest * 4;
 }
 
-RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_tokenizer) {
+double default_memory_budget(double device_memory_bytes) {
+  return device_memory_bytes - std::max(2e9, 0.03 * device_memory_bytes);
+}
+
+static double machine_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 64e9;
+}
+
+RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_tokenizer, const PlanTarget& target) {
   validate_config(config);
   RunSetup setup;
   setup.config = config;
@@ -58,11 +70,32 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   o.compute_dtype = parse_dtype(config.training.mixed_precision_param);
   o.policy = parse_checkpoint_policy(config.activation_checkpoint.mode);
   o.loss_chunk_tokens = config.training.loss_chunk_tokens;
-  if (o.policy.mode == CheckpointMode::automatic)
-    fail(ErrorKind::config, "activation_checkpoint.mode = \"auto\" is not available yet; use none, full, selective-op "
-                            "or selective-layer:N (smelt plan shows each one's memory)");
   const WorkspaceShape ws = workspace_shape(setup.model, o);
   o.backend_workspace_bytes = backend ? backend->workspace_bytes(ws) : estimated_workspace_bytes(config.job.device, ws);
+  if (!backend) o.shard_degree = config.parallelism.data_parallel_shard_degree;
+
+  // The device, its memory and the budget; the cost model.
+  const bool cuda = config.job.device == "cuda";
+  setup.ceilings = cuda ? ceilings_by_name(target.gpu) : cpu_ceilings();
+  setup.ceilings.memory_bytes = target.device_memory_bytes > 0 ? target.device_memory_bytes
+                                : cuda                          ? setup.ceilings.memory_bytes
+                                                                : machine_memory_bytes();
+  if (!target.op_timings_path.empty())
+    setup.op_timings = std::make_shared<OpTimingCache>(OpTimingCache::load(target.op_timings_path));
+  setup.float8_linears = config.float8.recipe != "none";
+  setup.memory_budget_explicit = config.activation_checkpoint.memory_budget_gb > 0;
+  setup.memory_budget_bytes = setup.memory_budget_explicit ? config.activation_checkpoint.memory_budget_gb * 1e9
+                                                           : default_memory_budget(setup.ceilings.memory_bytes);
+  const CostModel cost = setup.cost_model();
+  if (o.policy.mode == CheckpointMode::automatic) {
+    AutoPolicyResult chosen = choose_automatic_policy(setup.model, o, setup.memory_budget_bytes, cost);
+    o.keep_sets = chosen.plan.options.keep_sets;
+  } else if (setup.memory_budget_explicit && backend) {
+    StepPlan plan = build_step_plan(setup.model, o);
+    if (static_cast<double>(plan.memory.arena_bytes) > setup.memory_budget_bytes)
+      fail(ErrorKind::memory, does_not_fit_message(plan, setup.memory_budget_bytes,
+                                                   changes_that_fit(setup.model, o, setup.memory_budget_bytes, cost)));
+  }
   return setup;
 }
 

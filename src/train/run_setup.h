@@ -6,22 +6,45 @@
 #include "core/config.h"
 #include "data/tokenizer.h"
 #include "ops/backend.h"
+#include "plan/cost_model.h"
 #include "plan/step_plan.h"
 
 namespace smelt {
+
+// The device a plan is made for when it is not the one at hand (smelt plan).
+struct PlanTarget {
+  std::string gpu = "h200";          // ceilings of the cost model for cuda configs: h200 or h100
+  double device_memory_bytes = 0;    // 0: the GPU's memory (cuda) or this machine's (cpu)
+  std::string op_timings_path;       // calibrated per-op timings (JSON); empty: ceilings only
+};
 
 struct RunSetup {
   JobConfig config;
   std::unique_ptr<Tokenizer> tokenizer;
   ModelConfig model;
-  PlanOptions plan_options;
+  PlanOptions plan_options;          // with keep_sets filled when the policy is auto
+  DeviceCeilings ceilings;           // memory_bytes: the device memory the plan is made for
+  std::shared_ptr<OpTimingCache> op_timings;  // null without calibrated timings
+  bool float8_linears = false;
+  double memory_budget_bytes = 0;    // activation_checkpoint.memory_budget_gb, or memory minus the margin
+  bool memory_budget_explicit = false;
+  CostModel cost_model() const { return CostModel(ceilings, float8_linears, op_timings.get()); }
 };
+
+// What the arena may use of a device's memory by default: the memory minus a safety margin
+// for the CUDA context, library handles and communication library buffers (max(2 GB, 3%)).
+double default_memory_budget(double device_memory_bytes);
 
 // Validates the config, loads the tokenizer and derives the model and plan options.
 // `backend` sizes the workspace; without one (planning for a device this machine
 // lacks) a conservative estimate is used.
 // `need_tokenizer` false (planning) skips loading it when the model's vocabulary is known.
-RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_tokenizer = true);
+// The automatic policy is resolved here (keep-sets under the budget, or Error(ErrorKind::memory)
+// with the breakdown and the smallest change that fits); so is an explicit budget for fixed policies.
+// Without a backend (planning), plan_options carry parallelism.data_parallel_shard_degree; a run on
+// a backend plans one unsharded device until the FSDP executor exists.
+RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_tokenizer = true,
+                     const PlanTarget& target = {});
 
 WorkspaceShape workspace_shape(const ModelConfig& model, const PlanOptions& options);
 // Workspace estimate for a device without its backend at hand.

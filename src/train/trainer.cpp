@@ -79,6 +79,7 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
   log << "data: " << dataset.description << "\n";
 
   Executor executor(plan, *backend);
+  executor.enable_graph(config.training.cuda_graph);
   result.arena_bytes = executor.arena().size();
   {
     std::vector<float> host(static_cast<size_t>(executor.layout().total()), 0.0f);
@@ -124,10 +125,11 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
   Checkpointer checkpointer(config, result.run_folder, model, executor.layout(), tokenizer_spec, shape.seq_len);
   TrainingProgress progress = checkpointer.resume(executor, *dataset.train, dataset.validation.get(), log);
   StepGuard guard(config.training, progress);
-  // The optimizer steps run only after the guard has seen this step's loss and gradient norm.
-  size_t optimizer_begin = plan.steps.size();
-  for (size_t i = 0; i < plan.steps.size(); ++i)
-    if (plan.steps[i].kind == StepKind::optimizer) optimizer_begin = std::min(optimizer_begin, i);
+  // The update (optimizer, weight cast) runs only after the guard has seen this step's loss and
+  // gradient norm; every other step (the loss reduction included) runs first, in plan order.
+  std::vector<const Step*> gradient_steps, update_steps;
+  for (const auto& s : plan.steps)
+    (s.kind == StepKind::optimizer || s.kind == StepKind::cast_weights ? update_steps : gradient_steps).push_back(&s);
 
   if (config.validation.enable && dataset.validation && progress.step == 0) {
     result.first_validation_loss = run_validation();
@@ -139,11 +141,11 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
     dataset.train->next_batch(inputs.data(), targets.data());
     executor.load_batch(inputs.data(), targets.data());
     optimizer.lr = static_cast<float>(schedule.at(step));
-    executor.run_range(0, optimizer_begin, optimizer);
+    for (const Step* s : gradient_steps) executor.run_step(*s, optimizer);
     const double loss = executor.loss();  // synchronises: forward and backward are complete
     if (guard.check(step, loss, executor.gradient_norm(), log) == StepVerdict::apply) {
       optimizer.step = progress.optimizer_steps;  // AdamW's bias correction counts applied updates
-      executor.run_range(optimizer_begin, plan.steps.size(), optimizer);
+      for (const Step* s : update_steps) executor.run_step(*s, optimizer);
     }
     progress.step = step;
     step_seconds.push_back(std::chrono::duration<double>(clock::now() - step_start).count());
