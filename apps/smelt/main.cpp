@@ -1,5 +1,5 @@
 // smelt: the command line. Subcommands train, plan, bench, prepare,
-// tokenizer train, generate and config-keys; every error
+// tokenizer train, generate, export and config-keys; every error
 // becomes a message on stderr and a non-zero exit code (2 for config errors).
 #include <cstdio>
 #include <iostream>
@@ -8,6 +8,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "export_command.h"
 #include "plan_command.h"
 #include "core/error.h"
 #include "train/generate.h"
@@ -69,6 +70,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(512, 1 << 20));
   tokenizer_train->add_option("--text-field", tokenizer_options.text_field, "JSON Lines field holding the text");
 
+  ExportCommandOptions export_options;
+  auto* export_command = app.add_subcommand("export", "Write weights (run, checkpoint or Hugging Face folder) as a Hugging Face Llama folder or smelt weights");
+  export_command->add_option("--from", export_options.from, "Run folder, model.safetensors, checkpoint (folder) or Hugging Face folder")->required();
+  export_command->add_option("--output", export_options.output, "Folder (hf) or file (smelt)")->required();
+  export_command->add_option("--format", export_options.format, "hf or smelt")->check(CLI::IsMember({"hf", "smelt"}));
+  export_command->add_option("--dtype", export_options.dtype, "float32 or bfloat16 (hf)")->check(CLI::IsMember({"float32", "bfloat16"}));
+  export_command->add_option("--tokenizer", export_options.tokenizer, "Tokenizer spec recorded when importing an HF folder");
+  export_command->add_option("--seq-len", export_options.seq_len, "Context length recorded (0: from the source)");
+
   auto* keys_command = app.add_subcommand("config-keys", "List every config key with its type and meaning");
 
   try {
@@ -81,6 +91,7 @@ int main(int argc, char** argv) {
     }
     if (*generate_command) return run_generate(generate_options);
     if (*prepare_command) return run_prepare(prepare_options);
+    if (*export_command) return run_export(export_options);
     if (*tokenizer_train) return run_tokenizer_train(tokenizer_options);
     if (*keys_command) {
       std::cout << config_keys_help();

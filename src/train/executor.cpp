@@ -140,16 +140,18 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
   SMELT_CHECK(false, "unknown step kind");
 }
 
+void Executor::run_indexed(size_t i, const OptimizerSettings& optimizer) {
+  if (timing_) {
+    backend_.timing_mark(i);
+    backend_.range_push(step_names_[i].c_str());
+  }
+  run_step(plan_.steps[i], optimizer);
+  if (timing_) backend_.range_pop();
+}
+
 void Executor::run_range(size_t first, size_t last, const OptimizerSettings& optimizer) {
   last = std::min(last, plan_.steps.size());
-  for (size_t i = first; i < last; ++i) {
-    if (timing_) {
-      backend_.timing_mark(i);
-      backend_.range_push(step_names_[i].c_str());
-    }
-    run_step(plan_.steps[i], optimizer);
-    if (timing_) backend_.range_pop();
-  }
+  for (size_t i = first; i < last; ++i) run_indexed(i, optimizer);
   if (timing_ && last == plan_.steps.size()) backend_.timing_mark(last);
 }
 
@@ -164,29 +166,43 @@ void Executor::enable_timing(bool enabled) {
 std::vector<double> Executor::step_milliseconds() {
   SMELT_CHECK(timing_, "step_milliseconds needs enable_timing(true) before run()");
   backend_.synchronize();
+  // Each step's time runs from its mark to the next mark recorded after it (updates run
+  // after the loss, so the order of marks is gradients, then updates, then the end mark).
+  std::vector<size_t> order;
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t i = 0; i < plan_.steps.size(); ++i)
+      if (is_update(plan_.steps[i]) == (pass == 1)) order.push_back(i);
+  order.push_back(plan_.steps.size());
   std::vector<double> ms(plan_.steps.size());
-  for (size_t i = 0; i < ms.size(); ++i) ms[i] = backend_.timing_elapsed_ms(i, i + 1);
+  for (size_t k = 0; k + 1 < order.size(); ++k) ms[order[k]] = backend_.timing_elapsed_ms(order[k], order[k + 1]);
   return ms;
 }
 
-void Executor::run(const OptimizerSettings& optimizer) {
-  const size_t end = plan_.steps.size();
-  size_t split = 0;  // the steps before the optimizer: the same work every step
-  while (split < end && plan_.steps[split].kind != StepKind::optimizer) ++split;
+bool Executor::is_update(const Step& step) {
+  return step.kind == StepKind::optimizer || step.kind == StepKind::cast_weights;
+}
+
+void Executor::run_steps(bool updates, const OptimizerSettings& optimizer) {
+  for (size_t i = 0; i < plan_.steps.size(); ++i)
+    if (is_update(plan_.steps[i]) == updates) run_indexed(i, optimizer);
+  if (timing_ && updates) backend_.timing_mark(plan_.steps.size());
+}
+
+void Executor::run_gradients(const OptimizerSettings& optimizer) {
   const bool use_graph = graph_wanted_ && !graph_failed_ && !timing_;
   if (!use_graph || (!graph_captured_ && eager_runs_ < 1)) {
     ++eager_runs_;  // the first step runs eagerly: library caches and plans get built
-    run_range(0, end, optimizer);
+    run_steps(false, optimizer);
     return;
   }
   if (!graph_captured_) {
     if (!backend_.begin_capture()) {
       graph_failed_ = true;
-      run_range(0, end, optimizer);
+      run_steps(false, optimizer);
       return;
     }
     try {
-      run_range(0, split, optimizer);
+      run_steps(false, optimizer);
     } catch (const Error&) {
       backend_.end_capture();
       graph_failed_ = true;
@@ -195,12 +211,18 @@ void Executor::run(const OptimizerSettings& optimizer) {
     if (!graph_captured_) {
       graph_failed_ = true;
       std::fprintf(stderr, "smelt: the step could not be captured as a CUDA graph; running it op by op\n");
-      run_range(0, end, optimizer);
+      run_steps(false, optimizer);
       return;
     }
   }
   backend_.replay();
-  run_range(split, end, optimizer);
+}
+
+void Executor::run_update(const OptimizerSettings& optimizer) { run_steps(true, optimizer); }
+
+void Executor::run(const OptimizerSettings& optimizer) {
+  run_gradients(optimizer);
+  run_update(optimizer);
 }
 
 static double read_scalar(Backend& backend, const TensorView& v) {

@@ -33,15 +33,19 @@ class Executor {
 
   // Copies a batch (N ids each) into the token buffers.
   void load_batch(const int32_t* inputs, const int32_t* targets);
-  // Runs every step of the plan once; `optimizer` is used by the optimizer step.
+  // Runs every step of the plan once: run_gradients (everything but the update), then
+  // run_update (the optimizer and the weight cast). A caller that inspects the loss and
+  // gradient norm before deciding to update calls the two halves itself.
   void run(const OptimizerSettings& optimizer);
+  void run_gradients(const OptimizerSettings& optimizer);
+  void run_update(const OptimizerSettings& optimizer);
+  static bool is_update(const Step& step);
   // Runs steps [first, last) (tests use this to stop before the optimizer).
   void run_range(size_t first, size_t last, const OptimizerSettings& optimizer);
   void run_step(const Step& step, const OptimizerSettings& optimizer);
 
-  // Whole-step graphs: after one eager step, the steps before the optimizer are captured
-  // once and replayed every step (the optimizer, whose learning rate changes, runs
-  // eagerly). Ignored by backends without graphs and while timing is enabled.
+  // Whole-step graphs: after one eager step, run_gradients' steps are captured once and
+  // replayed every step (the update, whose learning rate changes, runs eagerly). Ignored by backends without graphs and while timing is enabled.
   void enable_graph(bool enabled) { graph_wanted_ = enabled; }
   bool graph_active() const { return graph_captured_; }
 
@@ -56,6 +60,8 @@ class Executor {
   double gradient_norm();
 
  private:
+  void run_indexed(size_t index, const OptimizerSettings& optimizer);
+  void run_steps(bool updates, const OptimizerSettings& optimizer);
   LayerViews layer_views(const Step& step) const;
   HeadViews head_views() const;
   TensorView weight_view(const ParameterInfo& info) const;  // compute dtype

@@ -13,9 +13,9 @@
 
 namespace smelt {
 
-MetricsLog::MetricsLog(const std::string& path) {
+MetricsLog::MetricsLog(const std::string& path, bool append) {
   if (path.empty()) return;
-  file_.open(path, std::ios::trunc);
+  file_.open(path, append ? std::ios::app : std::ios::trunc);
   if (!file_) fail(ErrorKind::input, "cannot open metrics file '" + path + "' for writing; check the run folder's permissions");
 }
 

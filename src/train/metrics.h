@@ -25,8 +25,8 @@ struct StepMetrics {
 
 class MetricsLog {
  public:
-  // Opens (truncates) `path` for JSON lines; empty path: console only.
-  explicit MetricsLog(const std::string& path);
+  // Opens `path` for JSON lines, truncating it unless `append` (a resumed run); empty path: console only.
+  explicit MetricsLog(const std::string& path, bool append = false);
   void write(const StepMetrics& metrics);
   static std::string console_line(const StepMetrics& metrics);
 

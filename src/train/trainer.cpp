@@ -105,7 +105,6 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
   optimizer.weight_decay = static_cast<float>(config.optimizer.weight_decay);
   optimizer.max_norm = static_cast<float>(config.training.max_norm);
 
-  MetricsLog metrics(result.run_folder + "/metrics.jsonl");
   const double flops_per_token = model.training_flops_per_token(shape.seq_len);
   const int64_t tokens_per_step = shape.tokens();
   const bool on_gpu = backend->device() == Device::cuda;
@@ -125,11 +124,9 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
   Checkpointer checkpointer(config, result.run_folder, model, executor.layout(), tokenizer_spec, shape.seq_len);
   TrainingProgress progress = checkpointer.resume(executor, *dataset.train, dataset.validation.get(), log);
   StepGuard guard(config.training, progress);
+  MetricsLog metrics(result.run_folder + "/metrics.jsonl", /*append=*/progress.step > 0);
   // The update (optimizer, weight cast) runs only after the guard has seen this step's loss and
   // gradient norm; every other step (the loss reduction included) runs first, in plan order.
-  std::vector<const Step*> gradient_steps, update_steps;
-  for (const auto& s : plan.steps)
-    (s.kind == StepKind::optimizer || s.kind == StepKind::cast_weights ? update_steps : gradient_steps).push_back(&s);
 
   if (config.validation.enable && dataset.validation && progress.step == 0) {
     result.first_validation_loss = run_validation();
@@ -141,16 +138,16 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
     dataset.train->next_batch(inputs.data(), targets.data());
     executor.load_batch(inputs.data(), targets.data());
     optimizer.lr = static_cast<float>(schedule.at(step));
-    for (const Step* s : gradient_steps) executor.run_step(*s, optimizer);
+    executor.run_gradients(optimizer);
     const double loss = executor.loss();  // synchronises: forward and backward are complete
     if (guard.check(step, loss, executor.gradient_norm(), log) == StepVerdict::apply) {
       optimizer.step = progress.optimizer_steps;  // AdamW's bias correction counts applied updates
-      for (const Step* s : update_steps) executor.run_step(*s, optimizer);
+      executor.run_update(optimizer);
     }
     progress.step = step;
     step_seconds.push_back(std::chrono::duration<double>(clock::now() - step_start).count());
     result.losses.push_back(loss);
-    if (step == 1) result.first_loss = loss;
+    if (result.losses.size() == 1) result.first_loss = loss;  // the first step of this run (resumed runs too)
     result.final_loss = loss;
     ++interval_steps;
 

@@ -94,14 +94,16 @@ TEST(Config, DebugFileHasTheDebugRun) {
   JobConfig config = load_config_file(std::string(SMELT_SOURCE_DIR) + "/configs/debug.toml");
   EXPECT_EQ(config.model.flavor, "debugmodel");
   EXPECT_EQ(config.job.device, "cpu");
-  EXPECT_EQ(config.training.local_batch_size, 8);
+  EXPECT_EQ(config.training.local_batch_size, 4);
   EXPECT_EQ(config.training.seq_len, 256);
   EXPECT_EQ(config.training.steps, 300);
   EXPECT_DOUBLE_EQ(config.optimizer.lr, 8e-4);
   EXPECT_EQ(config.lr_scheduler.warmup_steps, 20);
   EXPECT_EQ(config.metrics.log_freq, 10);
   EXPECT_EQ(config.training.mixed_precision_param, "float32");
-  EXPECT_EQ(config.training.dataset_path, "docs");
+  EXPECT_EQ(config.training.dataset_path, ".cache/sotu/shards");
+  EXPECT_EQ(config.model.tokenizer_path, ".cache/sotu/tokenizer.model");
+  EXPECT_TRUE(config.validation.enable);
 }
 
 TEST(Config, ProxyIsTheEightBillionModelWithEightLayers) {
