@@ -3,6 +3,8 @@
 // The clipped gradients are written back, so a later reader sees what was applied.
 #include <algorithm>
 #include <cmath>
+
+#include "core/numerics.h"
 #include <string>
 
 #include "cpu/kernels.h"
@@ -19,6 +21,7 @@ void update(const AdamwArgs& args, double clip) {
   Value* grads = args.grads.as<Value>();
   Value* exp_avg = args.exp_avg.as<Value>();
   Value* exp_avg_sq = args.exp_avg_sq.as<Value>();
+  uint16_t* copy = args.compute_copy.empty() ? nullptr : args.compute_copy.as<uint16_t>();
   const double lr = args.lr, beta1 = args.beta1, beta2 = args.beta2, eps = args.eps;
   const double decay = 1.0 - lr * double(args.weight_decay);
   const double bias_correction1 = 1.0 - std::pow(beta1, double(args.step));
@@ -39,6 +42,7 @@ void update(const AdamwArgs& args, double clip) {
     exp_avg_sq[i] = Value(v);
     const double denominator = std::sqrt(v) / bias_correction2_sqrt + eps;
     params[i] = Value(double(params[i]) * decay - step_size * m / denominator);
+    if (copy) copy[i] = float_to_bf16(static_cast<float>(params[i]));
   }
 }
 
@@ -59,6 +63,10 @@ void adamw(const AdamwArgs& args) {
   if (args.step < 1)
     fail(ErrorKind::internal, "adamw: expected a 1-based step, found " + std::to_string(args.step) +
                                   "; count steps from 1");
+  if (!args.compute_copy.empty()) {
+    expect_dtype(args.compute_copy, DType::bf16, op, "compute_copy");
+    expect_numel(args.compute_copy, count, op, "compute_copy");
+  }
   double clip = 1.0;
   if (args.max_norm > 0) {
     expect_host(args.grad_sum_squares, op, "grad_sum_squares");

@@ -2,34 +2,49 @@
 // gradient-clipping coefficient computed on the device from the gradients' sum of squares.
 #include <cmath>
 
+#include "core/numerics.h"
 #include "cuda/cuda_common.cuh"
 
 namespace smelt::cuda {
 namespace {
 
 struct AdamwConstants {
-  double lr, beta1, beta2, eps, decay, step_size, bias_correction2_sqrt, max_norm;
+  float beta1, beta2, eps, decay, step_size, bias_correction2_sqrt, max_norm;
 };
 
-// Per element in double, as the CPU reference: clip g in place, then the AdamW update.
-__global__ void adamw_update(float* params, float* grads, float* exp_avg, float* exp_avg_sq,
-                             const float* grad_sum_squares, int64_t count, AdamwConstants k) {
-  double clip = 1.0;
-  if (k.max_norm > 0) clip = fmin(1.0, k.max_norm / (sqrt(double(grad_sum_squares[0])) + 1e-6));
-  const bool clipping = clip < 1.0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
-    double g = grads[i];
-    if (clipping) {
-      const float clipped = float(g * clip);
-      grads[i] = clipped;
-      g = clipped;
+// One element: clip g (written back, as the CPU reference does), then the AdamW update
+// in float, as PyTorch does for fp32 parameters.
+__device__ __forceinline__ void adamw_element(float& p, float& g, float& m, float& v, float clip, const AdamwConstants& k) {
+  g *= clip;
+  m = k.beta1 * m + (1.0f - k.beta1) * g;
+  v = k.beta2 * v + (1.0f - k.beta2) * g * g;
+  const float denominator = sqrtf(v) / k.bias_correction2_sqrt + k.eps;
+  p = p * k.decay - k.step_size * m / denominator;
+}
+
+// Four elements per thread with 16-byte loads (the flat range is 256-byte aligned and a
+// multiple of 64 elements long); optionally writes the bf16 copy the GEMMs use.
+__global__ void adamw_update(float4* params, float4* grads, float4* exp_avg, float4* exp_avg_sq, uint2* copy,
+                             const float* grad_sum_squares, int64_t quads, AdamwConstants k) {
+  float clip = 1.0f;
+  if (k.max_norm > 0) clip = fminf(1.0f, k.max_norm / (sqrtf(grad_sum_squares[0]) + 1e-6f));
+  const bool clipping = clip < 1.0f;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < quads; i += int64_t(gridDim.x) * blockDim.x) {
+    float4 p = params[i], g = grads[i], m = exp_avg[i], v = exp_avg_sq[i];
+    adamw_element(p.x, g.x, m.x, v.x, clip, k);
+    adamw_element(p.y, g.y, m.y, v.y, clip, k);
+    adamw_element(p.z, g.z, m.z, v.z, clip, k);
+    adamw_element(p.w, g.w, m.w, v.w, clip, k);
+    params[i] = p;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    if (clipping) grads[i] = g;
+    if (copy) {
+      uint2 packed;
+      packed.x = uint32_t(float_to_bf16(p.x)) | (uint32_t(float_to_bf16(p.y)) << 16);
+      packed.y = uint32_t(float_to_bf16(p.z)) | (uint32_t(float_to_bf16(p.w)) << 16);
+      copy[i] = packed;
     }
-    const double m = k.beta1 * double(exp_avg[i]) + (1.0 - k.beta1) * g;
-    const double v = k.beta2 * double(exp_avg_sq[i]) + (1.0 - k.beta2) * g * g;
-    exp_avg[i] = float(m);
-    exp_avg_sq[i] = float(v);
-    const double denominator = sqrt(v) / k.bias_correction2_sqrt + k.eps;
-    params[i] = float(double(params[i]) * k.decay - k.step_size * m / denominator);
   }
 }
 
@@ -51,21 +66,32 @@ void adamw(CudaContext& context, const AdamwArgs& args) {
     expect_dtype(args.grad_sum_squares, DType::f32, op, "grad_sum_squares");
     expect_numel(args.grad_sum_squares, 1, op, "grad_sum_squares");
   }
+  if (!args.compute_copy.empty()) {
+    expect_device(args.compute_copy, op, "compute_copy");
+    expect_dtype(args.compute_copy, DType::bf16, op, "compute_copy");
+    expect_numel(args.compute_copy, count, op, "compute_copy");
+  }
+  if (count % 4 != 0)
+    fail(ErrorKind::internal, "cuda adamw: the flat range must be a multiple of 4 elements, found " +
+                                  std::to_string(count) + "; parameters are laid out in 64-element steps");
   AdamwConstants k;
-  k.lr = args.lr;
+  const double lr = args.lr;
   k.beta1 = args.beta1;
   k.beta2 = args.beta2;
   k.eps = args.eps;
-  k.decay = 1.0 - k.lr * double(args.weight_decay);
-  const double bias_correction1 = 1.0 - std::pow(k.beta1, double(args.step));
-  const double bias_correction2 = 1.0 - std::pow(k.beta2, double(args.step));
-  k.step_size = k.lr / bias_correction1;
-  k.bias_correction2_sqrt = std::sqrt(bias_correction2);
+  k.decay = float(1.0 - lr * double(args.weight_decay));
+  const double bias_correction1 = 1.0 - std::pow(double(args.beta1), double(args.step));
+  const double bias_correction2 = 1.0 - std::pow(double(args.beta2), double(args.step));
+  k.step_size = float(lr / bias_correction1);
+  k.bias_correction2_sqrt = float(std::sqrt(bias_correction2));
   k.max_norm = args.max_norm;
   if (count == 0) return;
-  adamw_update<<<grid_for(count, 256, context.multiprocessors), 256, 0, context.stream>>>(
-      args.params.as<float>(), args.grads.as<float>(), args.exp_avg.as<float>(), args.exp_avg_sq.as<float>(),
-      args.max_norm > 0 ? args.grad_sum_squares.as<float>() : nullptr, count, k);
+  const int64_t quads = count / 4;
+  adamw_update<<<grid_for(quads, 256, context.multiprocessors), 256, 0, context.stream>>>(
+      reinterpret_cast<float4*>(args.params.data), reinterpret_cast<float4*>(args.grads.data),
+      reinterpret_cast<float4*>(args.exp_avg.data), reinterpret_cast<float4*>(args.exp_avg_sq.data),
+      args.compute_copy.empty() ? nullptr : reinterpret_cast<uint2*>(args.compute_copy.data),
+      args.max_norm > 0 ? args.grad_sum_squares.as<float>() : nullptr, quads, k);
   SMELT_CUDA_LAUNCH_CHECK("adamw_update");
 }
 

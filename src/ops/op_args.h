@@ -130,6 +130,7 @@ struct MeanArgs {
 struct AdamwArgs {
   TensorView params, grads, exp_avg, exp_avg_sq;  // (n) f32
   TensorView grad_sum_squares;  // (1) f32: from SumSquares over all gradients
+  TensorView compute_copy;      // optional (n) bf16: receives the updated parameters, rounded (the GEMMs' weights)
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
   float max_norm = 0;
   int64_t step = 1;  // 1-based

@@ -269,8 +269,8 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   }
   b.emit({StepKind::embedding_backward}, {plan.tokens, plan.residual_gradient});
   b.emit({StepKind::gradient_norm}, {plan.gradients, plan.grad_sum_squares});
-  b.emit({StepKind::optimizer}, {plan.parameters, plan.gradients, plan.exp_avg, plan.exp_avg_sq});
-  if (plan.compute_weights >= 0) b.emit({StepKind::cast_weights}, {plan.parameters, plan.compute_weights});
+  // The optimizer also writes the compute copy of the weights (the cast is fused into it).
+  b.emit({StepKind::optimizer}, {plan.parameters, plan.gradients, plan.exp_avg, plan.exp_avg_sq, plan.compute_weights});
   b.emit({StepKind::loss_reduce}, {plan.losses, plan.loss});
   b.finish();
   return plan;

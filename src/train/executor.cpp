@@ -131,6 +131,7 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
       a.weight_decay = optimizer.weight_decay;
       a.max_norm = optimizer.max_norm;
       a.step = optimizer.step;
+      if (plan_.compute_weights >= 0) a.compute_copy = view(plan_.compute_weights);  // the cast, fused
       backend_.adamw(a);
       return;
     }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/numerics.h"
 #include "model_fixture.h"
 
 namespace smelt {
@@ -139,6 +140,31 @@ TEST(Executor, TrainingStepsReduceTheLossOnAFixedBatch) {
   }
   // Memorising one batch of random tokens: the loss must fall well below its start.
   EXPECT_LT(last, 0.5 * first);
+}
+
+}  // namespace
+}  // namespace smelt
+
+namespace smelt {
+namespace {
+
+TEST(Executor, OptimizerKeepsTheBf16CopyEqualToTheRoundedMasterWeights) {
+  testing::TinyRun run(testing::tiny_model(2), DType::bf16, "none", 2, 6);
+  run.initialise(31);
+  TensorView copy = run.executor->view(run.plan.compute_weights);
+  std::memset(copy.data, 0xff, copy.bytes());  // poison: NaN bf16 everywhere
+  OptimizerSettings optimizer;
+  optimizer.lr = 1e-2f;
+  optimizer.max_norm = 1.0f;
+  optimizer.step = 1;
+  run.load_random_batch(32);
+  // The load converted the master weights once; poison again, then one step must rewrite every element.
+  std::memset(copy.data, 0xff, copy.bytes());
+  run.executor->run_gradients(optimizer);
+  run.executor->run_update(optimizer);
+  TensorView master = run.executor->view(run.plan.parameters);
+  for (int64_t i = 0; i < master.numel(); ++i)
+    ASSERT_EQ(copy.as<uint16_t>()[i], float_to_bf16(master.as<float>()[i])) << "element " << i;
 }
 
 }  // namespace
