@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <ostream>
 
 #include "data/loader.h"
@@ -14,6 +15,7 @@
 #include "train/executor.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
+#include "train/tensorboard.h"
 #include "train/model_weights.h"
 #include "train/run_setup.h"
 #include "train/step_guard.h"
@@ -125,6 +127,11 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
   TrainingProgress progress = checkpointer.resume(executor, *dataset.train, dataset.validation.get(), log);
   StepGuard guard(config.training, progress);
   MetricsLog metrics(result.run_folder + "/metrics.jsonl", /*append=*/progress.step > 0);
+  std::unique_ptr<TensorBoardWriter> tensorboard;
+  if (config.metrics.enable_tensorboard) {
+    tensorboard = std::make_unique<TensorBoardWriter>(result.run_folder + "/tensorboard");
+    log << "tensorboard: tensorboard --logdir " << result.run_folder << "/tensorboard\n";
+  }
   // The update (optimizer, weight cast) runs only after the guard has seen this step's loss and
   // gradient norm; every other step (the loss reduction included) runs first, in plan order.
 
@@ -175,6 +182,17 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
       result.final_validation_loss = m.validation_loss;
     }
     metrics.write(m);
+    if (tensorboard) {
+      tensorboard->scalar("loss/train", m.loss, step);
+      if (m.validation_loss >= 0) tensorboard->scalar("loss/validation", m.validation_loss, step);
+      tensorboard->scalar("optimizer/grad_norm", m.grad_norm, step);
+      tensorboard->scalar("optimizer/lr", m.lr, step);
+      tensorboard->scalar("throughput/tokens_per_second", m.tokens_per_second, step);
+      tensorboard->scalar("throughput/tflops", m.tflops, step);
+      if (m.mfu_percent >= 0) tensorboard->scalar("throughput/mfu_percent", m.mfu_percent, step);
+      tensorboard->scalar("memory/arena_gib", m.memory_gib, step);
+      tensorboard->flush();
+    }
     log << MetricsLog::console_line(m) << "\n" << std::flush;
     checkpointer.after_step(executor, progress, step == config.training.steps, log);
     interval_start = clock::now();
