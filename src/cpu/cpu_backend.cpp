@@ -45,6 +45,7 @@ class CpuBackend final : public Backend {
   void amax(const AmaxArgs& args) override { cpu::amax(args); }
   void quantize(const QuantizeArgs& args) override { cpu::quantize(args); }
   void dequantize(const DequantizeArgs& args) override { cpu::dequantize(args); }
+  void scale_from_amax(const ScaleFromAmaxArgs& args) override { cpu::scale_from_amax(args); }
 
   void copy_to_device(TensorView dst, const void* host_src) override {
     check_host(dst, "copy_to_device");

@@ -77,16 +77,26 @@ void amax(const AmaxArgs& args) {
   require_cpu(args.x, op, "x");
   require(is_high_precision(args.x.dtype), op, "x must be f32, bf16 or f64, found " + args.x.str());
   const int64_t rows = args.x.rows(), cols = args.x.cols();
-  require_statistic(args.amax, rows, args.rowwise, op, "amax");
+  const bool by_column = args.rowwise && args.transpose;
+  require_statistic(args.amax, by_column ? cols : rows, args.rowwise, op, "amax");
 
   // NaN sticks: once the running maximum is NaN, `magnitude > maximum` is false forever.
+  auto fold = [](float maximum, float value) {
+    const float magnitude = std::fabs(value);
+    return (std::isnan(magnitude) || magnitude > maximum) ? magnitude : maximum;
+  };
+  if (by_column) {
+    for (int64_t c = 0; c < cols; ++c) {
+      float maximum = 0.0f;
+      for (int64_t r = 0; r < rows; ++r) maximum = fold(maximum, load_float(args.x, r * cols + c));
+      store_float(args.amax, c, maximum);
+    }
+    return;
+  }
   float maximum = 0.0f;
   for (int64_t r = 0; r < rows; ++r) {
     if (args.rowwise) maximum = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) {
-      const float magnitude = std::fabs(load_float(args.x, r * cols + c));
-      if (std::isnan(magnitude) || magnitude > maximum) maximum = magnitude;
-    }
+    for (int64_t c = 0; c < cols; ++c) maximum = fold(maximum, load_float(args.x, r * cols + c));
     if (args.rowwise) store_float(args.amax, r, maximum);
   }
   if (!args.rowwise) store_float(args.amax, 0, maximum);
@@ -94,19 +104,44 @@ void amax(const AmaxArgs& args) {
 
 void quantize(const QuantizeArgs& args) {
   const std::string op = "quantize";
-  require_pair(args.src, args.dst, op, "src", "dst");
   const int64_t rows = args.src.rows(), cols = args.src.cols();
-  require_statistic(args.scale, rows, args.rowwise, op, "scale");
+  if (args.transpose) {
+    require_cpu(args.src, op, "src");
+    require_cpu(args.dst, op, "dst");
+    require(is_high_precision(args.src.dtype), op, "src must be f32, bf16 or f64, found " + args.src.str());
+    require(is_float8(args.dst.dtype), op, "dst must be e4m3 or e5m2, found " + args.dst.str());
+    require(args.dst.rows() == cols && args.dst.cols() == rows, op,
+            "dst must be src transposed, (" + std::to_string(cols) + ", " + std::to_string(rows) + "), found " +
+                args.dst.str());
+  } else {
+    require_pair(args.src, args.dst, op, "src", "dst");
+  }
+  require_statistic(args.scale, args.dst.rows(), args.rowwise, op, "scale");
 
   const Float8Format format = float8_format(args.dst.dtype);
   auto* out = args.dst.as<uint8_t>();
   for (int64_t r = 0; r < rows; ++r) {
-    const float scale = load_float(args.scale, args.rowwise ? r : 0);
     for (int64_t c = 0; c < cols; ++c) {
-      const int64_t i = r * cols + c;
-      out[i] = float_to_float8(load_float(args.src, i) * scale, format);
+      const int64_t destination = args.transpose ? c * rows + r : r * cols + c;
+      const int64_t scale_index = !args.rowwise ? 0 : (args.transpose ? c : r);
+      out[destination] = float_to_float8(load_float(args.src, r * cols + c) * load_float(args.scale, scale_index), format);
     }
   }
+}
+
+void scale_from_amax(const ScaleFromAmaxArgs& args) {
+  const std::string op = "scale_from_amax";
+  require_cpu(args.amax, op, "amax");
+  require_cpu(args.scale, op, "scale");
+  require(args.amax.dtype == DType::f32 && args.scale.dtype == DType::f32, op,
+          "amax and scale must be f32, found " + args.amax.str() + " and " + args.scale.str());
+  require(args.amax.numel() == args.scale.numel(), op,
+          "amax and scale must hold as many values, found " + args.amax.str() + " and " + args.scale.str());
+  require(is_float8(args.format), op, "format must be e4m3 or e5m2, found " + std::string(dtype_name(args.format)));
+  const Float8Format format = float8_format(args.format);
+  const float* amax = args.amax.as<const float>();
+  float* scale = args.scale.as<float>();
+  for (int64_t i = 0; i < args.amax.numel(); ++i) scale[i] = amax_to_scale(amax[i], format, args.round_to_power_of_two);
 }
 
 void dequantize(const DequantizeArgs& args) {

@@ -5,11 +5,16 @@
 
 namespace smelt::cpu {
 
-// amax[0] = max |x| (tensorwise) or amax[r] = max_c |x[r, c]| (rowwise); NaN propagates.
+// amax[0] = max |x| (tensorwise) or amax[r] = max_c |x[r, c]| (rowwise; per column with transpose);
+// NaN propagates.
 void amax(const AmaxArgs& args);
 
-// dst = float_to_float8(float(src) * scale), the multiply in float32, saturating.
+// dst = float_to_float8(float(src) * scale), the multiply in float32, saturating; with transpose
+// dst (cols, rows) holds src^T and a rowwise scale is one per dst row.
 void quantize(const QuantizeArgs& args);
+
+// scale[i] = amax_to_scale(amax[i]); in place when the views alias.
+void scale_from_amax(const ScaleFromAmaxArgs& args);
 
 // dst = float8_to_float(src) / scale in float32, then rounded to dst's dtype.
 void dequantize(const DequantizeArgs& args);

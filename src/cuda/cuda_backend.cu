@@ -253,6 +253,7 @@ void CudaBackend::convert(const ConvertArgs& args) { cuda::convert(state_->conte
 void CudaBackend::amax(const AmaxArgs& args) { cuda::amax(state_->context, args); }
 void CudaBackend::quantize(const QuantizeArgs& args) { cuda::quantize(state_->context, args); }
 void CudaBackend::dequantize(const DequantizeArgs& args) { cuda::dequantize(state_->context, args); }
+void CudaBackend::scale_from_amax(const ScaleFromAmaxArgs& args) { cuda::scale_from_amax(state_->context, args); }
 void CudaBackend::fill(TensorView dst, float value) { cuda::fill(state_->context, dst, value); }
 
 // Host <-> device copies are outside a step's math: they wait for the stream.

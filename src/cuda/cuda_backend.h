@@ -75,6 +75,7 @@ class CudaBackend final : public Backend {
   void amax(const AmaxArgs& args) override;
   void quantize(const QuantizeArgs& args) override;
   void dequantize(const DequantizeArgs& args) override;
+  void scale_from_amax(const ScaleFromAmaxArgs& args) override;
 
   void copy_to_device(TensorView dst, const void* host_src) override;
   void copy_to_host(void* host_dst, TensorView src) override;

@@ -158,6 +158,7 @@ void convert(CudaContext& context, const ConvertArgs& args);
 void amax(CudaContext& context, const AmaxArgs& args);
 void quantize(CudaContext& context, const QuantizeArgs& args);
 void dequantize(CudaContext& context, const DequantizeArgs& args);
+void scale_from_amax(CudaContext& context, const ScaleFromAmaxArgs& args);
 void fill(CudaContext& context, TensorView destination, float value);
 
 }  // namespace smelt::cuda

@@ -1,5 +1,5 @@
-// Float8 ops on the GPU: amax (tensorwise or per row), quantize to e4m3/e5m2 with a scale,
-// dequantize back. Element rounding is core/numerics.h's, so results are bit-identical to
+// Float8 ops on the GPU: amax (tensorwise, per row or per column), scale from amax, quantize to
+// e4m3/e5m2 with a scale (optionally transposed, for K-major GEMM operands), dequantize back. Element rounding is core/numerics.h's, so results are bit-identical to
 // the CPU reference.
 #include "core/numerics.h"
 #include "cuda/cuda_common.cuh"
@@ -50,6 +50,41 @@ __global__ void amax_rows(const T* x, int64_t cols, uint32_t* amax_bits) {
   }
 }
 
+// Rowwise over x^T: one thread per column of x (adjacent threads read adjacent columns).
+template <typename T>
+__global__ void amax_columns(const T* x, int64_t rows, int64_t cols, uint32_t* amax_bits) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  uint32_t maximum = 0;
+  for (int64_t r = 0; r < rows; ++r) maximum = max(maximum, magnitude_bits(load_float(x, r * cols + c)));
+  amax_bits[c] = maximum;
+}
+
+constexpr int kTile = 32;
+
+// dst (cols, rows) = quantised src^T through a shared-memory tile, so reads and writes are
+// both coalesced; a rowwise scale is one per dst row (per src column).
+template <typename T>
+__global__ void quantize_transposed(const T* src, uint8_t* dst, const float* scale, int64_t rows, int64_t cols,
+                                    bool rowwise, Float8Format format) {
+  __shared__ float tile[kTile][kTile + 1];
+  const int64_t column0 = int64_t(blockIdx.x) * kTile, row0 = int64_t(blockIdx.y) * kTile;
+  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+    const int64_t r = row0 + i, c = column0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = load_float(src, r * cols + c);
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+    const int64_t c = column0 + i, r = row0 + threadIdx.x;  // dst row c, dst column r
+    if (r < rows && c < cols) dst[c * rows + r] = float_to_float8(tile[threadIdx.x][i] * scale[rowwise ? c : 0], format);
+  }
+}
+
+__global__ void scales_from_amax(const float* amax, float* scale, int64_t count, Float8Format format, bool power_of_two) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < count) scale[i] = amax_to_scale(amax[i], format, power_of_two);
+}
+
 template <typename T>
 __global__ void quantize_elements(const T* src, uint8_t* dst, const float* scale, int64_t count, int64_t cols,
                                   bool rowwise, Float8Format format) {
@@ -87,11 +122,14 @@ void amax(CudaContext& context, const AmaxArgs& args) {
   const char* op = "amax";
   expect_device(args.x, op, "x");
   const int64_t rows = args.x.rows(), cols = args.x.cols();
-  expect_scale(args.amax, rows, args.rowwise, op, "amax");
+  const bool by_column = args.rowwise && args.transpose;
+  expect_scale(args.amax, by_column ? cols : rows, args.rowwise, op, "amax");
   dispatch_activation(args.x.dtype, op, [&](auto element) {
     using T = decltype(element);
     auto* bits = args.amax.as<uint32_t>();
-    if (args.rowwise) {
+    if (by_column) {
+      amax_columns<T><<<unsigned((cols + 255) / 256), 256, 0, context.stream>>>(args.x.as<T>(), rows, cols, bits);
+    } else if (args.rowwise) {
       amax_rows<T><<<unsigned(rows), 256, 0, context.stream>>>(args.x.as<T>(), cols, bits);
     } else {
       SMELT_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof(uint32_t), context.stream));
@@ -109,13 +147,37 @@ void quantize(CudaContext& context, const QuantizeArgs& args) {
   const Float8Format format = format_of(args.dst.dtype, op);
   const int64_t count = args.src.numel(), rows = args.src.rows(), cols = args.src.cols();
   expect_numel(args.dst, count, op, "dst");
-  expect_scale(args.scale, rows, args.rowwise, op, "scale");
+  expect_scale(args.scale, args.transpose ? cols : rows, args.rowwise, op, "scale");
+  if (args.transpose && (args.dst.rows() != cols || args.dst.cols() != rows))
+    fail(ErrorKind::internal, "cuda quantize: expected dst of src transposed, (" + std::to_string(cols) + ", " +
+                                  std::to_string(rows) + "), found " + args.dst.str() + "; pass a (cols, rows) view");
   dispatch_activation(args.src.dtype, op, [&](auto element) {
     using T = decltype(element);
+    if (args.transpose) {
+      const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile)), block(kTile, 8);
+      quantize_transposed<T><<<grid, block, 0, context.stream>>>(args.src.as<T>(), args.dst.as<uint8_t>(),
+                                                                 args.scale.as<float>(), rows, cols, args.rowwise, format);
+      SMELT_CUDA_LAUNCH_CHECK("quantize_transposed");
+      return;
+    }
     quantize_elements<T><<<grid_for(count, 256, context.multiprocessors), 256, 0, context.stream>>>(
         args.src.as<T>(), args.dst.as<uint8_t>(), args.scale.as<float>(), count, cols, args.rowwise, format);
     SMELT_CUDA_LAUNCH_CHECK("quantize_elements");
   });
+}
+
+void scale_from_amax(CudaContext& context, const ScaleFromAmaxArgs& args) {
+  const char* op = "scale_from_amax";
+  expect_device(args.amax, op, "amax");
+  expect_device(args.scale, op, "scale");
+  expect_dtype(args.amax, DType::f32, op, "amax");
+  expect_dtype(args.scale, DType::f32, op, "scale");
+  const int64_t count = args.amax.numel();
+  expect_numel(args.scale, count, op, "scale");
+  const Float8Format format = format_of(args.format, op);
+  scales_from_amax<<<unsigned((count + 255) / 256), 256, 0, context.stream>>>(
+      args.amax.as<float>(), args.scale.as<float>(), count, format, args.round_to_power_of_two);
+  SMELT_CUDA_LAUNCH_CHECK("scales_from_amax");
 }
 
 void dequantize(CudaContext& context, const DequantizeArgs& args) {

@@ -1,6 +1,7 @@
 // GEMM on the GPU through cuBLASLt: out = op(a) @ op(b) (+ addend), row-major smelt views
 // mapped onto column-major cuBLAS by swapping the operands (out^T = op(b)^T op(a)^T).
-// bf16 or f32 inputs, fp32 accumulation (no TF32), out in the input dtype or f32.
+// bf16 or f32 inputs, fp32 accumulation (no TF32), out in the input dtype or f32; float8
+// operands (e4m3/e5m2) in the TN form out = a @ b^T, tensorwise or outer-vector (rowwise) scales.
 // Matmul descriptors and the chosen algorithm are cached per shape on the host.
 #include <cublasLt.h>
 
@@ -40,7 +41,12 @@ struct GemmKey {
   bool transpose_a, transpose_b;
   DType input, output;
   int alignment;
-  auto tie() const { return std::tie(m, n, k, transpose_a, transpose_b, input, output, alignment); }
+  DType input_a;  // cuBLAS A's dtype (smelt's b); differs from `input` (cuBLAS B) only for float8
+  OperandScaling scaling;  // none, or the float8 scaling of both operands
+  bool fast_accumulation;
+  auto tie() const {
+    return std::tie(m, n, k, transpose_a, transpose_b, input, output, alignment, input_a, scaling, fast_accumulation);
+  }
   bool operator<(const GemmKey& other) const { return tie() < other.tie(); }
 };
 
@@ -60,6 +66,29 @@ class GemmCache final : public OpCache {
  public:
   std::map<GemmKey, std::unique_ptr<GemmPlan>> plans;
 };
+
+// The tail of the GEMM workspace holds the reciprocals of float8 scales (cuBLASLt multiplies by
+// the scale it is given; smelt's scale is what the codes were multiplied by).
+constexpr size_t kInverseScaleFloats = size_t(1) << 18;  // per operand
+constexpr size_t kCublasWorkspaceBytes = kGemmWorkspaceBytes - 2 * kInverseScaleFloats * sizeof(float);
+
+__global__ void reciprocals(const float* scale, float* inverse, int64_t count) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < count) inverse[i] = 1.0f / scale[i];
+}
+
+const float* inverse_scales(CudaContext& context, const TensorView& scale, int slot, const std::string& problem) {
+  const int64_t count = scale.numel();
+  if (count > int64_t(kInverseScaleFloats))
+    fail(ErrorKind::internal, "cuda gemm: expected at most " + std::to_string(kInverseScaleFloats) +
+                                  " float8 scales per operand, found " + std::to_string(count) + " (" + problem +
+                                  "); use tensorwise scaling or raise kInverseScaleFloats");
+  float* inverse = reinterpret_cast<float*>(static_cast<char*>(context.gemm_workspace()) + kCublasWorkspaceBytes) +
+                   size_t(slot) * kInverseScaleFloats;
+  reciprocals<<<unsigned((count + 255) / 256), 256, 0, context.stream>>>(scale.as<float>(), inverse, count);
+  SMELT_CUDA_LAUNCH_CHECK("reciprocals");
+  return inverse;
+}
 
 int pointer_alignment(std::initializer_list<const void*> pointers) {
   int alignment = 256;
@@ -91,7 +120,18 @@ std::unique_ptr<GemmPlan> build_plan(CudaContext& context, const GemmKey& key, c
   // Stored column-major shapes: A is (m x k) or (k x m) when transposed; B likewise.
   const uint64_t a_rows = key.transpose_a ? key.k : key.m, a_cols = key.transpose_a ? key.m : key.k;
   const uint64_t b_rows = key.transpose_b ? key.n : key.k, b_cols = key.transpose_b ? key.k : key.n;
-  check_cublas(cublasLtMatrixLayoutCreate(&plan->a, cuda_type(key.input), a_rows, a_cols, int64_t(a_rows)),
+  if (key.scaling != OperandScaling::none) {
+    const cublasLtMatmulMatrixScale_t mode = key.scaling == OperandScaling::rowwise
+                                                 ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                                                 : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    for (auto attribute : {CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_DESC_B_SCALE_MODE})
+      check_cublas(cublasLtMatmulDescSetAttribute(plan->operation, attribute, &mode, sizeof mode),
+                   "cublasLtMatmulDescSetAttribute(SCALE_MODE)", problem);
+    const int8_t fast = key.fast_accumulation ? 1 : 0;
+    check_cublas(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast),
+                 "cublasLtMatmulDescSetAttribute(FAST_ACCUM)", problem);
+  }
+  check_cublas(cublasLtMatrixLayoutCreate(&plan->a, cuda_type(key.input_a), a_rows, a_cols, int64_t(a_rows)),
                "cublasLtMatrixLayoutCreate(A)", problem);
   check_cublas(cublasLtMatrixLayoutCreate(&plan->b, cuda_type(key.input), b_rows, b_cols, int64_t(b_rows)),
                "cublasLtMatrixLayoutCreate(B)", problem);
@@ -100,7 +140,7 @@ std::unique_ptr<GemmPlan> build_plan(CudaContext& context, const GemmKey& key, c
 
   cublasLtMatmulPreference_t preference = nullptr;
   check_cublas(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate", problem);
-  const uint64_t workspace = kGemmWorkspaceBytes;
+  const uint64_t workspace = kCublasWorkspaceBytes;
   const uint32_t alignment = uint32_t(key.alignment);
   cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace);
   for (auto attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -115,7 +155,8 @@ std::unique_ptr<GemmPlan> build_plan(CudaContext& context, const GemmKey& key, c
   if (found == 0)
     fail(ErrorKind::device, "cuBLASLt found no algorithm for " + problem +
                                 "; expected at least one. Check that the dtypes are supported together (bf16 or f32 "
-                                "inputs, out in the input dtype or f32)");
+                                "inputs, out in the input dtype or f32; float8: a @ b^T, not both e5m2, K and the "
+                                "leading dimensions multiples of 16)");
   plan->algorithm = result.algo;
   return plan;
 }
@@ -140,11 +181,27 @@ void gemm(CudaContext& context, const GemmArgs& args) {
   };
   if (b_inner != inner) reject("expected op(a) and op(b) to share the inner dimension");
   if (args.out.rows() != rows || args.out.cols() != cols) reject("expected out of (M, N) = (" + std::to_string(rows) + ", " + std::to_string(cols) + ")");
-  if (args.a.dtype != args.b.dtype) reject("expected a and b of the same dtype");
-  if (is_float8(args.a.dtype) || args.scaling_a != OperandScaling::none || args.scaling_b != OperandScaling::none)
-    reject("float8 operands are not supported by the CUDA GEMM yet; dequantize them or run the CPU backend");
-  if (args.a.dtype != DType::f32 && args.a.dtype != DType::bf16) reject("expected f32 or bf16 operands");
-  if (args.out.dtype != args.a.dtype && args.out.dtype != DType::f32) reject("expected out in the input dtype or f32");
+  const bool float8 = is_float8(args.a.dtype) || is_float8(args.b.dtype);
+  if (float8) {
+    if (!is_float8(args.a.dtype) || !is_float8(args.b.dtype)) reject("expected both operands float8");
+    if (args.a.dtype == DType::e5m2 && args.b.dtype == DType::e5m2) reject("expected at most one e5m2 operand");
+    if (args.transpose_a || !args.transpose_b)
+      reject("expected the float8 TN form out = a @ b^T (a and b both K-major); quantise the operand transposed");
+    if (args.scaling_a == OperandScaling::none || args.scaling_a != args.scaling_b)
+      reject("expected the same tensorwise or rowwise scaling on both float8 operands");
+    expect_device(args.scale_a, op, "scale_a");
+    expect_device(args.scale_b, op, "scale_b");
+    const bool rowwise = args.scaling_a == OperandScaling::rowwise;
+    expect_numel(args.scale_a, rowwise ? rows : 1, op, "scale_a");
+    expect_numel(args.scale_b, rowwise ? cols : 1, op, "scale_b");
+    if (args.out.dtype != DType::bf16 && args.out.dtype != DType::f32) reject("expected float8 GEMM out in bf16 or f32");
+  } else {
+    if (args.scaling_a != OperandScaling::none || args.scaling_b != OperandScaling::none)
+      reject("expected no scaling for non-float8 operands");
+    if (args.a.dtype != args.b.dtype) reject("expected a and b of the same dtype");
+    if (args.a.dtype != DType::f32 && args.a.dtype != DType::bf16) reject("expected f32 or bf16 operands");
+    if (args.out.dtype != args.a.dtype && args.out.dtype != DType::f32) reject("expected out in the input dtype or f32");
+  }
   if (!args.addend.empty()) {
     expect_device(args.addend, op, "addend");
     if (args.accumulate) reject("expected either addend or accumulate, found both");
@@ -155,15 +212,26 @@ void gemm(CudaContext& context, const GemmArgs& args) {
   // Column-major view: D^T (N x M) = op(b)^T (N x K) @ op(a)^T (K x M); cuBLAS A = b, B = a.
   const void* addend = args.accumulate ? args.out.data : (args.addend.empty() ? nullptr : args.addend.data);
   GemmKey key{cols, rows, inner, args.transpose_b, args.transpose_a, args.a.dtype, args.out.dtype,
-              pointer_alignment({args.a.data, args.b.data, args.out.data, addend})};
+              pointer_alignment({args.a.data, args.b.data, args.out.data, addend}), args.b.dtype,
+              float8 ? args.scaling_a : OperandScaling::none, float8 && args.fast_accumulation};
   auto& plans = static_cast<GemmCache*>(context.gemm_cache)->plans;
   auto found = plans.find(key);
   if (found == plans.end()) found = plans.emplace(key, build_plan(context, key, problem)).first;
   const GemmPlan& plan = *found->second;
+  if (float8) {  // cuBLAS A is smelt's b (scale per row of b: the outer vector of D's rows), B is a
+    const float* inverse_b = inverse_scales(context, args.scale_b, 0, problem);
+    const float* inverse_a = inverse_scales(context, args.scale_a, 1, problem);
+    check_cublas(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &inverse_b,
+                                                sizeof inverse_b),
+                 "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)", problem);
+    check_cublas(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &inverse_a,
+                                                sizeof inverse_a),
+                 "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)", problem);
+  }
   const float alpha = 1.0f, beta = addend ? 1.0f : 0.0f;
   check_cublas(cublasLtMatmul(context.cublas, plan.operation, &alpha, args.b.data, plan.a, args.a.data, plan.b, &beta,
                               addend ? addend : args.out.data, plan.c, args.out.data, plan.c, &plan.algorithm,
-                              context.gemm_workspace(), kGemmWorkspaceBytes, context.stream),
+                              context.gemm_workspace(), kCublasWorkspaceBytes, context.stream),
                "cublasLtMatmul", problem);
 }
 

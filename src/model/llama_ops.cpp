@@ -16,6 +16,10 @@ const TensorView& grad(const LayerViews& v, G g) { return v.gradient[static_cast
 const TensorView& weight(const LayerViews& v, W w) { return v.weight[static_cast<int>(w)]; }
 const TensorView& weight_grad(const LayerViews& v, W w) { return v.weight_grad[static_cast<int>(w)]; }
 
+bool float8(const LayerViews& v, const ModelContext& c, W w) {
+  return c.float8_recipe != Float8Recipe::none && v.float8[static_cast<int>(w)];
+}
+
 // y = x @ W^T (+ addend)
 void linear(Backend& backend, const TensorView& x, const TensorView& w, const TensorView& y,
             const TensorView& addend = {}) {
@@ -43,6 +47,24 @@ void linear_backward(Backend& backend, const TensorView& x, const TensorView& w,
   weight_grad_args.b = x;
   weight_grad_args.out = dw;
   backend.gemm(weight_grad_args);
+}
+
+// A block linear: in float8 when the plan says so, else in the compute dtype.
+void linear(const LayerViews& v, const ModelContext& c, W w, const TensorView& x, const TensorView& y,
+            const TensorView& addend = {}) {
+  if (float8(v, c, w))
+    float8_linear_forward(c.backend, c.float8_recipe, c.float8_scratch, x, weight(v, w), y, addend);
+  else
+    linear(c.backend, x, weight(v, w), y, addend);
+}
+
+void linear_backward(const LayerViews& v, const ModelContext& c, W w, const TensorView& x, const TensorView& dy,
+                     const TensorView& dx, bool accumulate_dx) {
+  if (float8(v, c, w))
+    float8_linear_backward(c.backend, c.float8_recipe, c.float8_scratch, x, weight(v, w), dy, dx, accumulate_dx,
+                           weight_grad(v, w));
+  else
+    linear_backward(c.backend, x, weight(v, w), dy, dx, accumulate_dx, weight_grad(v, w));
 }
 
 TensorView heads_view(const TensorView& x, int64_t heads, int64_t head_dim) {
@@ -75,14 +97,14 @@ void run_forward_op(ForwardOp op, const LayerViews& v, const ModelContext& c) {
                          act(v, A::attn_rstd), static_cast<float>(m.norm_eps)});
       return;
     case ForwardOp::q_proj:
-      linear(b, act(v, A::attn_norm_out), weight(v, W::wq), act(v, A::query));
+      linear(v, c, W::wq, act(v, A::attn_norm_out), act(v, A::query));
       rope(c, act(v, A::query), m.n_heads, false);
       return;
     case ForwardOp::k_proj:
-      linear(b, act(v, A::attn_norm_out), weight(v, W::wk), act(v, A::key));
+      linear(v, c, W::wk, act(v, A::attn_norm_out), act(v, A::key));
       rope(c, act(v, A::key), m.n_kv_heads, false);
       return;
-    case ForwardOp::v_proj: linear(b, act(v, A::attn_norm_out), weight(v, W::wv), act(v, A::value)); return;
+    case ForwardOp::v_proj: linear(v, c, W::wv, act(v, A::attn_norm_out), act(v, A::value)); return;
     case ForwardOp::attention: {
       AttentionForwardArgs a;
       a.q = bthd_view(act(v, A::query), c.shape, m.n_heads, m.head_dim());
@@ -95,17 +117,17 @@ void run_forward_op(ForwardOp op, const LayerViews& v, const ModelContext& c) {
       return;
     }
     case ForwardOp::o_proj:
-      linear(b, act(v, A::attn_out), weight(v, W::wo), act(v, A::attn_residual), act(v, A::layer_input));
+      linear(v, c, W::wo, act(v, A::attn_out), act(v, A::attn_residual), act(v, A::layer_input));
       return;
     case ForwardOp::ffn_norm:
       b.rmsnorm_forward({act(v, A::attn_residual), weight(v, W::ffn_norm), act(v, A::ffn_norm_out),
                          act(v, A::ffn_rstd), static_cast<float>(m.norm_eps)});
       return;
-    case ForwardOp::gate_proj: linear(b, act(v, A::ffn_norm_out), weight(v, W::w1), act(v, A::gate)); return;
-    case ForwardOp::up_proj: linear(b, act(v, A::ffn_norm_out), weight(v, W::w3), act(v, A::up)); return;
+    case ForwardOp::gate_proj: linear(v, c, W::w1, act(v, A::ffn_norm_out), act(v, A::gate)); return;
+    case ForwardOp::up_proj: linear(v, c, W::w3, act(v, A::ffn_norm_out), act(v, A::up)); return;
     case ForwardOp::swiglu: b.swiglu_forward({act(v, A::gate), act(v, A::up), act(v, A::swiglu_out)}); return;
     case ForwardOp::down_proj:
-      linear(b, act(v, A::swiglu_out), weight(v, W::w2), act(v, A::layer_output), act(v, A::attn_residual));
+      linear(v, c, W::w2, act(v, A::swiglu_out), act(v, A::layer_output), act(v, A::attn_residual));
       return;
     case ForwardOp::count: break;
   }
@@ -117,19 +139,16 @@ void run_backward_op(BackwardOp op, const LayerViews& v, const ModelContext& c) 
   const auto& m = c.model;
   switch (op) {
     case BackwardOp::down_proj:
-      linear_backward(b, act(v, A::swiglu_out), weight(v, W::w2), v.residual_gradient, grad(v, G::swiglu_out), false,
-                      weight_grad(v, W::w2));
+      linear_backward(v, c, W::w2, act(v, A::swiglu_out), v.residual_gradient, grad(v, G::swiglu_out), false);
       return;
     case BackwardOp::swiglu:
       b.swiglu_backward({act(v, A::gate), act(v, A::up), grad(v, G::swiglu_out), grad(v, G::gate), grad(v, G::up)});
       return;
     case BackwardOp::gate_proj:
-      linear_backward(b, act(v, A::ffn_norm_out), weight(v, W::w1), grad(v, G::gate), grad(v, G::ffn_norm_out), false,
-                      weight_grad(v, W::w1));
+      linear_backward(v, c, W::w1, act(v, A::ffn_norm_out), grad(v, G::gate), grad(v, G::ffn_norm_out), false);
       return;
     case BackwardOp::up_proj:
-      linear_backward(b, act(v, A::ffn_norm_out), weight(v, W::w3), grad(v, G::up), grad(v, G::ffn_norm_out), true,
-                      weight_grad(v, W::w3));
+      linear_backward(v, c, W::w3, act(v, A::ffn_norm_out), grad(v, G::up), grad(v, G::ffn_norm_out), true);
       return;
     case BackwardOp::ffn_norm: {
       RmsNormBackwardArgs r;
@@ -144,8 +163,7 @@ void run_backward_op(BackwardOp op, const LayerViews& v, const ModelContext& c) 
       return;
     }
     case BackwardOp::o_proj:
-      linear_backward(b, act(v, A::attn_out), weight(v, W::wo), v.residual_gradient, grad(v, G::attn_out), false,
-                      weight_grad(v, W::wo));
+      linear_backward(v, c, W::wo, act(v, A::attn_out), v.residual_gradient, grad(v, G::attn_out), false);
       return;
     case BackwardOp::attention: {
       AttentionBackwardArgs a;
@@ -164,17 +182,17 @@ void run_backward_op(BackwardOp op, const LayerViews& v, const ModelContext& c) 
     }
     case BackwardOp::q_proj:
       rope(c, grad(v, G::query), m.n_heads, true);
-      linear_backward(b, act(v, A::attn_norm_out), weight(v, W::wq), grad(v, G::query), grad(v, G::attn_norm_out),
-                      false, weight_grad(v, W::wq));
+      linear_backward(v, c, W::wq, act(v, A::attn_norm_out), grad(v, G::query), grad(v, G::attn_norm_out),
+                      false);
       return;
     case BackwardOp::k_proj:
       rope(c, grad(v, G::key), m.n_kv_heads, true);
-      linear_backward(b, act(v, A::attn_norm_out), weight(v, W::wk), grad(v, G::key), grad(v, G::attn_norm_out),
-                      true, weight_grad(v, W::wk));
+      linear_backward(v, c, W::wk, act(v, A::attn_norm_out), grad(v, G::key), grad(v, G::attn_norm_out),
+                      true);
       return;
     case BackwardOp::v_proj:
-      linear_backward(b, act(v, A::attn_norm_out), weight(v, W::wv), grad(v, G::value), grad(v, G::attn_norm_out),
-                      true, weight_grad(v, W::wv));
+      linear_backward(v, c, W::wv, act(v, A::attn_norm_out), grad(v, G::value), grad(v, G::attn_norm_out),
+                      true);
       return;
     case BackwardOp::attn_norm: {
       RmsNormBackwardArgs r;

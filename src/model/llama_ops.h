@@ -5,6 +5,7 @@
 #pragma once
 #include <array>
 
+#include "model/fp8_linear.h"
 #include "model/layer_graph.h"
 #include "ops/backend.h"
 
@@ -15,6 +16,8 @@ struct ModelContext {
   StepShape shape;
   Backend& backend;
   TensorView rope_frequencies;  // (T, Dh/2, 2) f32
+  Float8Recipe float8_recipe = Float8Recipe::none;
+  Float8Scratch float8_scratch;  // shared by every float8 linear
 };
 
 // Views one block op needs; unused entries stay empty.
@@ -24,6 +27,7 @@ struct LayerViews {
   TensorView residual_gradient;                           // (N, D): d loss / d residual stream
   std::array<TensorView, kLayerWeightCount> weight;       // compute dtype
   std::array<TensorView, kLayerWeightCount> weight_grad;  // f32
+  std::array<bool, kLayerWeightCount> float8{};           // linears whose GEMMs run in float8
 };
 
 void run_forward_op(ForwardOp op, const LayerViews& views, const ModelContext& context);

@@ -50,6 +50,7 @@ class Backend {
   virtual void amax(const AmaxArgs& args) = 0;
   virtual void quantize(const QuantizeArgs& args) = 0;
   virtual void dequantize(const DequantizeArgs& args) = 0;
+  virtual void scale_from_amax(const ScaleFromAmaxArgs& args) = 0;
 
   // Host <-> backend copies (start-up, logging, checkpoints; never inside a step's math).
   virtual void copy_to_device(TensorView dst, const void* host_src) = 0;

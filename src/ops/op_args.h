@@ -145,15 +145,26 @@ struct ConvertArgs {
 // what to multiply src by (a GEMM multiplies the result by 1/scale).
 struct AmaxArgs {
   TensorView x;       // (rows, cols)
-  TensorView amax;    // (1) or (rows) f32
+  TensorView amax;    // (1) or (rows) f32; (cols) when rowwise and transpose
   bool rowwise = false;
+  bool transpose = false;  // rowwise over the rows of x^T (one amax per column of x)
 };
 
 struct QuantizeArgs {
   TensorView src;      // (rows, cols) f32 / bf16
-  TensorView dst;      // (rows, cols) e4m3 / e5m2
-  TensorView scale;    // (1) or (rows) f32
+  TensorView dst;      // (rows, cols) e4m3 / e5m2; (cols, rows) when transpose
+  TensorView scale;    // (1) or (dst rows) f32
   bool rowwise = false;
+  bool transpose = false;  // dst = quantized src^T (the K-major copy a float8 GEMM needs)
+};
+
+// scale[i] = amax_to_scale(amax[i], format, round_to_power_of_two) (core/numerics.h), on the
+// device: no host sync. scale may alias amax (computed in place).
+struct ScaleFromAmaxArgs {
+  TensorView amax;     // (n) f32
+  TensorView scale;    // (n) f32
+  DType format = DType::e4m3;  // the float8 dtype amax is mapped onto: e4m3 (448) or e5m2 (57344)
+  bool round_to_power_of_two = false;
 };
 
 struct DequantizeArgs {

@@ -129,6 +129,16 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
               "keep_sets has " + std::to_string(options.keep_sets.size()) + " entries for " +
                   std::to_string(model.n_layers) + " blocks");
   SMELT_CHECK(options.shard_degree >= 1, "shard_degree must be at least 1");
+  if (options.float8.recipe != Float8Recipe::none) {
+    if (options.compute_dtype != DType::bf16 && options.compute_dtype != DType::f32)
+      fail(ErrorKind::config, "float8 recipe '" + std::string(float8_recipe_name(options.float8.recipe)) +
+                                  "' expects a bf16 or f32 compute dtype, found " +
+                                  std::string(dtype_name(options.compute_dtype)) + "; set training.mixed_precision_param");
+    if (float8_linear_enabled(options.float8, "output"))
+      fail(ErrorKind::config, "float8.filter_fqns: expected it to keep the output projection in bf16 (an entry "
+                              "matching 'output'), found none; the float8 output head is not implemented yet, "
+                              "add \"output\" to float8.filter_fqns");
+  }
   StepPlan plan;
   plan.model = model;
   plan.options = options;
@@ -172,6 +182,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
     plan.residual.push_back(b.buffer(i == 0 ? "tok_embeddings.out" : "layers." + std::to_string(i - 1) + ".output",
                                      compute, Shape{tokens, model.dim}, BufferClass::activations));
   plan.layers.resize(layers);
+  bool any_float8 = false;
   for (int64_t i = 0; i < layers; ++i) {
     auto& lb = plan.layers[i];
     const std::string prefix = "layers." + std::to_string(i) + ".";
@@ -183,6 +194,12 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
       lb.kept[static_cast<int>(Activation::layer_output)] = false;
     }
     lb.recomputed = recompute_ops(lb.kept);
+    for (int w = 0; w < kLayerWeightCount; ++w) {
+      const auto weight = static_cast<LayerWeight>(w);
+      if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm) continue;
+      lb.float8[w] = float8_linear_enabled(options.float8, prefix + std::string(layer_weight_name(weight)));
+      any_float8 = any_float8 || lb.float8[w];
+    }
     std::array<bool, kActivationCount> recomputed_output{};
     for (int op = 0; op < kForwardOpCount; ++op)
       if (lb.recomputed[op])
@@ -208,6 +225,19 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
       lb.gradient[g] = b.buffer(prefix + std::string(gradient_name(static_cast<Gradient>(g))), spec.dtype,
                                 spec_shape(spec), BufferClass::activation_gradients);
     }
+  }
+
+  // Float8 scratch: one set for the step, reused by every float8 linear in turn.
+  if (any_float8) {
+    const Float8ScratchSizes sizes = float8_scratch_sizes(model, tokens);
+    plan.float8_operand_a = b.buffer("float8 operand a (e4m3/e5m2, K-major)", DType::e4m3, Shape{sizes.operand_a},
+                                     BufferClass::workspace, true);
+    plan.float8_operand_b = b.buffer("float8 operand b (e4m3/e5m2, K-major)", DType::e4m3, Shape{sizes.operand_b},
+                                     BufferClass::workspace, true);
+    plan.float8_scale_a = b.buffer("float8 scales a (amax, then scale)", DType::f32, Shape{sizes.scale_a},
+                                   BufferClass::workspace, true);
+    plan.float8_scale_b = b.buffer("float8 scales b (amax, then scale)", DType::f32, Shape{sizes.scale_b},
+                                   BufferClass::workspace, true);
   }
 
   // Output head buffers.

@@ -8,6 +8,7 @@
 
 #include "core/memory_plan.h"
 #include "core/tensor.h"
+#include "model/fp8_linear.h"
 #include "model/parameters.h"
 #include "plan/checkpoint_policy.h"
 
@@ -49,6 +50,8 @@ struct PlanOptions {
   // divided by it, and all-gather / reduce-scatter buffers hold one unit's weights.
   // 1 (one device) leaves the plan exactly as without sharding.
   int64_t shard_degree = 1;
+  // Float8 linears ([float8] recipe and filter_fqns); recipe none leaves the plan as without.
+  Float8Options float8;
 };
 
 struct PlannedBuffer {
@@ -65,6 +68,7 @@ struct LayerBuffers {
   std::array<int, kGradientCount> gradient{};
   KeepSet kept{};
   std::array<bool, kForwardOpCount> recomputed{};
+  std::array<bool, kLayerWeightCount> float8{};  // linears whose GEMMs run in float8
 };
 
 struct StepPlan {
@@ -82,6 +86,9 @@ struct StepPlan {
   // Sharded plans only (-1 otherwise): gathered weights (current unit and the prefetched
   // next one) and the unsharded gradients of one unit before its reduce-scatter.
   int gather_current = -1, gather_next = -1, reduce_scatter = -1;
+  // Float8 plans only (-1 otherwise): quantised operands and their scales, one set reused by
+  // every float8 linear (see Float8Scratch).
+  int float8_operand_a = -1, float8_operand_b = -1, float8_scale_a = -1, float8_scale_b = -1;
   MemoryPlan memory;
 
   int64_t parameter_count() const;

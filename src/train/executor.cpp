@@ -13,9 +13,14 @@ Executor::Executor(const StepPlan& plan, Backend& backend)
       backend_(backend),
       layout_(plan.model),
       arena_(std::make_unique<Arena>(backend.memory(), plan.memory.arena_bytes)),
-      context_{plan_.model, plan.options.shape, backend, TensorView()} {
+      context_{plan_.model, plan.options.shape, backend, TensorView(), Float8Recipe::none, Float8Scratch{}} {
   context_.rope_frequencies = view(plan_.rope_frequencies);
   if (plan_.workspace >= 0) backend_.set_workspace(view(plan_.workspace));
+  if (plan_.float8_operand_a >= 0) {
+    context_.float8_recipe = plan_.options.float8.recipe;
+    context_.float8_scratch = {view(plan_.float8_operand_a), view(plan_.float8_operand_b), view(plan_.float8_scale_a),
+                               view(plan_.float8_scale_b)};
+  }
   std::vector<float> rope(static_cast<size_t>(view(plan_.rope_frequencies).numel()));
   rope_frequencies(plan_.model, plan_.options.shape.seq_len, rope.data());
   backend_.copy_to_device(view(plan_.rope_frequencies), rope.data());
@@ -76,6 +81,7 @@ LayerViews Executor::layer_views(const Step& step) const {
     for (int g = 0; g < kGradientCount; ++g) v.gradient[g] = view(lb.gradient[g]);
     v.residual_gradient = view(plan_.residual_gradient);
   }
+  v.float8 = lb.float8;
   for (int w = 0; w < kLayerWeightCount; ++w) {
     const auto& info = layout_.layer(step.layer, static_cast<LayerWeight>(w));
     v.weight[w] = weight_view(info);

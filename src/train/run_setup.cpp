@@ -70,6 +70,8 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   o.compute_dtype = parse_dtype(config.training.mixed_precision_param);
   o.policy = parse_checkpoint_policy(config.activation_checkpoint.mode);
   o.loss_chunk_tokens = config.training.loss_chunk_tokens;
+  o.float8.recipe = parse_float8_recipe(config.float8.recipe);
+  o.float8.filter_fqns = config.float8.filter_fqns;
   const WorkspaceShape ws = workspace_shape(setup.model, o);
   o.backend_workspace_bytes = backend ? backend->workspace_bytes(ws) : estimated_workspace_bytes(config.job.device, ws);
   if (!backend) o.shard_degree = config.parallelism.data_parallel_shard_degree;
