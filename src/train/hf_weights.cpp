@@ -80,7 +80,15 @@ void permute_rope_rows(const float* in, float* out, int64_t heads, int64_t head_
 }
 
 bool is_hf_folder(const std::string& path) {
-  return fs::is_directory(path) && fs::exists(fs::path(path) / "config.json") && !fs::exists(fs::path(path) / "index.json");
+  const fs::path config = fs::path(path) / "config.json";
+  if (!fs::is_directory(path) || !fs::exists(config) || fs::exists(fs::path(path) / "index.json")) return false;
+  // A smelt run folder also holds a config.json (the job's); a Hugging Face model's names hidden_size.
+  std::error_code error;
+  const auto size = fs::file_size(config, error);
+  if (error || size > (1u << 20)) return false;
+  std::ifstream in(config);
+  const auto json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return json.is_object() && json.contains("hidden_size");
 }
 
 HfConfig read_hf_config(const std::string& folder) {

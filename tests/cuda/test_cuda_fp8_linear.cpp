@@ -11,7 +11,8 @@ class CudaFloat8LinearTest : public CudaOpsTest {
  protected:
   void check(Float8Recipe recipe) {
     const int64_t tokens = 64, in = 128, out = 96;
-    const Float8ScratchSizes sizes{tokens * in, in * tokens, 128, 128};
+    // As float8_scratch_sizes would size them: the largest operand of the three GEMMs.
+    const Float8ScratchSizes sizes{tokens * std::max(in, out), in * std::max(out, tokens), 128, 128};
     HostTensor x = random_tensor(DType::bf16, Shape{tokens, in}, 11, 2.0);
     HostTensor weight = random_tensor(DType::bf16, Shape{out, in}, 12, 0.1);
     HostTensor grad_output = random_tensor(DType::bf16, Shape{tokens, out}, 13, 1e-3);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "core/random.h"
@@ -148,6 +149,25 @@ TEST(HfFolder, Float32RoundTripIsExactAndBfloat16IsClose) {
   const std::vector<float> rounded = load_hf_weights(folder.path("bf16"), m);
   ASSERT_EQ(rounded.size(), parameters.size());
   for (size_t i = 0; i < rounded.size(); ++i) ASSERT_NEAR(rounded[i], parameters[i], 1.0 / 128) << i;
+}
+
+}  // namespace
+}  // namespace smelt
+
+namespace smelt {
+namespace {
+
+TEST(HfFolder, ARunFolderWithItsJobConfigIsNotAHuggingFaceFolder) {
+  namespace fs = std::filesystem;
+  const fs::path folder = fs::temp_directory_path() / ("smelt_hfdetect_" + std::to_string(::getpid()));
+  fs::create_directories(folder);
+  std::ofstream(folder / "config.json") << R"({"job": {"name": "debug"}, "model": {"flavor": "debugmodel"}})";
+  EXPECT_FALSE(is_hf_folder(folder.string()));
+  std::ofstream(folder / "config.json") << R"({"model_type": "llama", "hidden_size": 64})";
+  EXPECT_TRUE(is_hf_folder(folder.string()));
+  std::ofstream(folder / "config.json") << "{ not json";
+  EXPECT_FALSE(is_hf_folder(folder.string()));
+  fs::remove_all(folder);
 }
 
 }  // namespace
