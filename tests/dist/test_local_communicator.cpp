@@ -1,0 +1,100 @@
+// The in-process communicator: ranks as threads; all-reduce, all-gather and
+// reduce-scatter against sums computed here, identical bits on every rank.
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+#include "core/random.h"
+#include "dist/communicator.h"
+
+namespace smelt {
+namespace {
+
+std::vector<float> random_values(uint64_t seed, size_t n) {
+  Random random(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(random.normal());
+  return v;
+}
+
+template <typename Body>
+void run_ranks(int world, Body body) {
+  LocalGroup group(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { body(group.communicator(r)); });
+  for (auto& t : threads) t.join();
+}
+
+class LocalCommunicatorTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(LocalCommunicatorTest, AllReduceSumsInRankOrderOnEveryRank) {
+  const int world = GetParam();
+  const size_t n = 1037;
+  std::vector<std::vector<float>> data(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) data[static_cast<size_t>(r)] = random_values(100 + static_cast<uint64_t>(r), n);
+  std::vector<float> expected(n, 0.0f);
+  for (int r = 0; r < world; ++r)
+    for (size_t i = 0; i < n; ++i) expected[i] += data[static_cast<size_t>(r)][i];
+  run_ranks(world, [&](Communicator& c) {
+    EXPECT_EQ(c.world_size(), world);
+    auto& mine = data[static_cast<size_t>(c.rank())];
+    c.all_reduce_sum(TensorView(mine.data(), DType::f32, Shape{static_cast<int64_t>(n)}));
+  });
+  for (int r = 0; r < world; ++r)
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(data[static_cast<size_t>(r)][i], expected[i]) << "rank " << r << " element " << i;
+}
+
+TEST_P(LocalCommunicatorTest, AllGatherConcatenatesShardsInRankOrder) {
+  const int world = GetParam();
+  const size_t shard = 129;
+  std::vector<std::vector<float>> shards(static_cast<size_t>(world)), full(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    shards[static_cast<size_t>(r)] = random_values(200 + static_cast<uint64_t>(r), shard);
+    full[static_cast<size_t>(r)].assign(shard * static_cast<size_t>(world), std::nanf(""));
+  }
+  run_ranks(world, [&](Communicator& c) {
+    const auto r = static_cast<size_t>(c.rank());
+    c.all_gather(TensorView(shards[r].data(), DType::f32, Shape{static_cast<int64_t>(shard)}),
+                 TensorView(full[r].data(), DType::f32, Shape{static_cast<int64_t>(shard) * world}));
+  });
+  for (int r = 0; r < world; ++r)
+    for (int s = 0; s < world; ++s)
+      for (size_t i = 0; i < shard; ++i)
+        ASSERT_EQ(full[static_cast<size_t>(r)][static_cast<size_t>(s) * shard + i], shards[static_cast<size_t>(s)][i]);
+}
+
+TEST_P(LocalCommunicatorTest, ReduceScatterLeavesEachRankItsSliceOfTheSum) {
+  const int world = GetParam();
+  const size_t shard = 67, n = shard * static_cast<size_t>(world);
+  std::vector<std::vector<float>> full(static_cast<size_t>(world)), out(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    full[static_cast<size_t>(r)] = random_values(300 + static_cast<uint64_t>(r), n);
+    out[static_cast<size_t>(r)].assign(shard, std::nanf(""));
+  }
+  run_ranks(world, [&](Communicator& c) {
+    const auto r = static_cast<size_t>(c.rank());
+    c.reduce_scatter_sum(TensorView(full[r].data(), DType::f32, Shape{static_cast<int64_t>(n)}),
+                         TensorView(out[r].data(), DType::f32, Shape{static_cast<int64_t>(shard)}));
+  });
+  for (int r = 0; r < world; ++r)
+    for (size_t i = 0; i < shard; ++i) {
+      float sum = 0;
+      for (int s = 0; s < world; ++s) sum += full[static_cast<size_t>(s)][static_cast<size_t>(r) * shard + i];
+      ASSERT_EQ(out[static_cast<size_t>(r)][i], sum) << "rank " << r << " element " << i;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, LocalCommunicatorTest, ::testing::Values(1, 2, 4));
+
+TEST(LocalCommunicator, RejectsDeviceOrMismatchedViews) {
+  LocalGroup group(1);
+  std::vector<float> a(8), b(3);
+  EXPECT_THROW(group.communicator(0).all_gather(TensorView(a.data(), DType::f32, Shape{8}),
+                                                TensorView(b.data(), DType::f32, Shape{3})),
+               Error);
+  EXPECT_THROW(group.communicator(0).all_reduce_sum(TensorView(a.data(), DType::bf16, Shape{8})), Error);
+}
+
+}  // namespace
+}  // namespace smelt
