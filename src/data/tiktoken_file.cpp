@@ -67,8 +67,10 @@ std::vector<std::string> read_tiktoken_file(const std::string& path) {
   if (!in)
     fail(ErrorKind::input, "tokenizer " + path + ": cannot open it; expected \"byte\" or the path of a tiktoken-format "
                                                  "file (such as Llama-3's tokenizer.model)");
-  std::vector<std::string> tokens;
-  std::vector<bool> seen;
+  // Entries are collected first and the table is sized from their count, never from a rank
+  // read from the file: ranks must be exactly 0..count-1, so a huge rank is an error, not an allocation.
+  std::vector<std::pair<int64_t, std::string>> entries;
+  std::vector<int64_t> line_of_entry;
   std::string line, bytes;
   int64_t line_number = 0;
   while (std::getline(in, line)) {
@@ -84,19 +86,23 @@ std::vector<std::string> read_tiktoken_file(const std::string& path) {
         rank >= (1 << 30) || !base64_decode(std::string_view(line).substr(0, space), &bytes))
       fail(ErrorKind::input, where + "expected `base64(token) rank`, found \"" + line.substr(0, 60) +
                                  "\"; this is not a tiktoken-format file (Llama-3's tokenizer.model is one)");
-    if (static_cast<size_t>(rank) >= tokens.size()) {
-      tokens.resize(static_cast<size_t>(rank) + 1);
-      seen.resize(static_cast<size_t>(rank) + 1);
-    }
+    entries.emplace_back(rank, bytes);
+    line_of_entry.push_back(line_number);
+  }
+  std::vector<std::string> tokens(entries.size());
+  std::vector<bool> seen(entries.size(), false);
+  for (size_t e = 0; e < entries.size(); ++e) {
+    const auto& [rank, token] = entries[e];
+    const std::string where = "tokenizer " + path + ":" + std::to_string(line_of_entry[e]) + ": ";
+    if (static_cast<size_t>(rank) >= entries.size())
+      fail(ErrorKind::input, where + "rank " + std::to_string(rank) + " in a file of " +
+                                 std::to_string(entries.size()) + " tokens: expected ranks 0.." +
+                                 std::to_string(entries.size() - 1) + ", so some rank is missing; the file is corrupt");
     if (seen[static_cast<size_t>(rank)])
       fail(ErrorKind::input, where + "rank " + std::to_string(rank) + " appears twice; the file is corrupt");
     seen[static_cast<size_t>(rank)] = true;
-    tokens[static_cast<size_t>(rank)] = bytes;
+    tokens[static_cast<size_t>(rank)] = token;
   }
-  for (size_t rank = 0; rank < seen.size(); ++rank)
-    if (!seen[rank])
-      fail(ErrorKind::input, "tokenizer " + path + ": expected ranks 0.." + std::to_string(seen.size() - 1) +
-                                 ", rank " + std::to_string(rank) + " is missing; the file is corrupt");
   std::array<bool, 256> single{};
   for (const auto& token : tokens)
     if (token.size() == 1) single[static_cast<unsigned char>(token[0])] = true;

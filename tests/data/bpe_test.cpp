@@ -191,6 +191,7 @@ TEST(TiktokenFile, MalformedFilesAreInputErrorsNamingFileAndLine) {
   expect_error("norank.model", "IQ==\n", ":1:");
   expect_error("duplicate.model", "IQ== 0\nIg== 0\n", "twice");
   expect_error("gap.model", "IQ== 0\nIg== 2\n", "missing");
+  expect_error("huge_rank.model", "IQ== 999999999\n", "missing");  // no table sized from a rank
   expect_error("bytes.model", "IQ== 0\nIg== 1\n", "single byte");
   EXPECT_THROW(load_tokenizer(folder.path("absent.model")), Error);
 }
