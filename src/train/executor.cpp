@@ -156,12 +156,6 @@ void Executor::run_indexed(size_t i, const OptimizerSettings& optimizer) {
   if (timing_) backend_.range_pop();
 }
 
-void Executor::run_range(size_t first, size_t last, const OptimizerSettings& optimizer) {
-  last = std::min(last, plan_.steps.size());
-  for (size_t i = first; i < last; ++i) run_indexed(i, optimizer);
-  if (timing_ && last == plan_.steps.size()) backend_.timing_mark(last);
-}
-
 void Executor::enable_timing(bool enabled) {
   timing_ = enabled;
   if (!enabled) return;
@@ -226,6 +220,15 @@ void Executor::run_gradients(const OptimizerSettings& optimizer) {
 }
 
 void Executor::run_update(const OptimizerSettings& optimizer) { run_steps(true, optimizer); }
+
+void Executor::run_loss(const OptimizerSettings& optimizer) {
+  for (size_t i = 0; i < plan_.steps.size(); ++i) {
+    const StepKind kind = plan_.steps[i].kind;
+    if (kind == StepKind::embedding_forward || kind == StepKind::layer_forward ||
+        kind == StepKind::final_norm_forward || kind == StepKind::output_head || kind == StepKind::loss_reduce)
+      run_indexed(i, optimizer);
+  }
+}
 
 void Executor::run(const OptimizerSettings& optimizer) {
   run_gradients(optimizer);

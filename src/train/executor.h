@@ -40,8 +40,9 @@ class Executor {
   void run_gradients(const OptimizerSettings& optimizer);
   void run_update(const OptimizerSettings& optimizer);
   static bool is_update(const Step& step);
-  // Runs steps [first, last) (tests use this to stop before the optimizer).
-  void run_range(size_t first, size_t last, const OptimizerSettings& optimizer);
+  // Runs the steps that compute the loss and nothing else (validation, finite differences):
+  // the forward, the output head and the loss reduction.
+  void run_loss(const OptimizerSettings& optimizer);
   void run_step(const Step& step, const OptimizerSettings& optimizer);
 
   // Whole-step graphs: after one eager step, run_gradients' steps are captured once and

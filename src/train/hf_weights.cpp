@@ -85,7 +85,7 @@ bool is_hf_folder(const std::string& path) {
   // A smelt run folder also holds a config.json (the job's); a Hugging Face model's names hidden_size.
   std::error_code error;
   const auto size = fs::file_size(config, error);
-  if (error || size > (1u << 20)) return false;
+  if (error || size > kMaxConfigBytes) return false;
   std::ifstream in(config);
   const auto json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   return json.is_object() && json.contains("hidden_size");

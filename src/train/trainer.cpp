@@ -41,12 +41,7 @@ double validation_loss(Executor& executor, DataLoader& loader, int64_t batches, 
   for (int64_t b = 0; b < batches; ++b) {
     loader.next_batch(inputs.data(), targets.data());
     executor.load_batch(inputs.data(), targets.data());
-    for (const auto& step : executor.plan().steps) {
-      if (step.kind == StepKind::embedding_forward || step.kind == StepKind::layer_forward ||
-          step.kind == StepKind::final_norm_forward || step.kind == StepKind::output_head ||
-          step.kind == StepKind::loss_reduce)
-        executor.run_step(step, unused);
-    }
+    executor.run_loss(unused);
     total += executor.loss();
   }
   return total / static_cast<double>(std::max<int64_t>(1, batches));

@@ -80,11 +80,7 @@ struct TinyRun {
   // Forward only, up to the loss.
   double loss_only() {
     OptimizerSettings unused;
-    for (const auto& step : plan.steps)
-      if (step.kind == StepKind::embedding_forward || step.kind == StepKind::layer_forward ||
-          step.kind == StepKind::final_norm_forward || step.kind == StepKind::output_head ||
-          step.kind == StepKind::loss_reduce)
-        executor->run_step(step, unused);
+    executor->run_loss(unused);
     return executor->loss();
   }
 };
