@@ -16,6 +16,10 @@ class MemoryResource {
   virtual void deallocate(void* pointer) = 0;
   virtual Device device() const = 0;
   int64_t allocation_count() const { return allocations_; }
+  // Holds all of the device's free memory but `bytes`, so the run truly has no more than that
+  // (an explicit activation_checkpoint.memory_budget_gb, made physical the way a per-process
+  // memory fraction is). Returns the bytes held back; 0 where the resource has no cap (host).
+  virtual size_t limit_to(size_t bytes) { (void)bytes; return 0; }
 
  protected:
   int64_t allocations_ = 0;

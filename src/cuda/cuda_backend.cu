@@ -90,6 +90,20 @@ void CudaMemoryResource::deallocate(void* pointer) {
   if (pointer) cudaFree(pointer);
 }
 
+size_t CudaMemoryResource::limit_to(size_t bytes) {
+  if (held_back_) fail(ErrorKind::internal, "CudaMemoryResource::limit_to called twice; the cap is set once per run");
+  size_t free_bytes = 0, total_bytes = 0;
+  SMELT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (free_bytes <= bytes) return 0;
+  const size_t rest = free_bytes - bytes;
+  SMELT_CUDA_CHECK(cudaMalloc(&held_back_, rest));
+  return rest;
+}
+
+CudaMemoryResource::~CudaMemoryResource() {
+  if (held_back_) cudaFree(held_back_);
+}
+
 namespace {
 
 void check_cublas(cublasStatus_t status, const char* call) {

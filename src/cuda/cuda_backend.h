@@ -24,6 +24,11 @@ class CudaMemoryResource : public MemoryResource {
   void* allocate(size_t bytes) override;  // throws Error(memory) when the device is full
   void deallocate(void* pointer) override;
   Device device() const override { return Device::cuda; }
+  size_t limit_to(size_t bytes) override;  // one uncounted cudaMalloc of the rest, held until destruction
+  ~CudaMemoryResource() override;
+
+ private:
+  void* held_back_ = nullptr;
 };
 
 // How the backend runs attention (see src/cuda/attention.cu).

@@ -58,6 +58,7 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   r.predicted_bytes = plan.memory.arena_bytes;
   log << "bench: " << describe(setup.model) << "\n" << "plan: " << plan_summary_line(plan) << "\n" << std::flush;
 
+  hold_to_memory_budget(setup, *backend, log);
   const size_t free_before = device_free_bytes(*backend);
   Executor executor(plan, *backend);
   {

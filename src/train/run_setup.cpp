@@ -101,4 +101,12 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   return setup;
 }
 
+void hold_to_memory_budget(const RunSetup& setup, Backend& backend, std::ostream& log) {
+  if (!setup.memory_budget_explicit) return;
+  const size_t held = backend.memory().limit_to(static_cast<size_t>(setup.memory_budget_bytes));
+  if (held > 0)
+    log << "memory: budget " << setup.memory_budget_bytes / 1e9 << " GB enforced; " << static_cast<double>(held) / 1e9
+        << " GB of free device memory held back\n";
+}
+
 }  // namespace smelt

@@ -2,6 +2,7 @@
 // model shapes, the checkpointing policy and the StepPlan.
 #pragma once
 #include <memory>
+#include <ostream>
 
 #include "core/config.h"
 #include "data/tokenizer.h"
@@ -45,6 +46,11 @@ double default_memory_budget(double device_memory_bytes);
 // a backend plans one unsharded device until the FSDP executor exists.
 RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_tokenizer = true,
                      const PlanTarget& target = {});
+
+// With an explicit activation_checkpoint.memory_budget_gb, holds the rest of the device's free
+// memory back (MemoryResource::limit_to) so the run has exactly the budget and no more; logs it.
+// Call after prepare_run and before the arena is allocated. Without an explicit budget: nothing.
+void hold_to_memory_budget(const RunSetup& setup, Backend& backend, std::ostream& log);
 
 WorkspaceShape workspace_shape(const ModelConfig& model, const PlanOptions& options);
 // Workspace estimate for a device without its backend at hand.

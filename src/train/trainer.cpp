@@ -59,6 +59,7 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
 
   log << "smelt " << SMELT_VERSION << ": " << describe(model) << "\n";
   log << "plan: " << plan_summary_line(plan) << "\n";
+  hold_to_memory_budget(setup, *backend, log);
 
   TrainResult result;
   result.run_folder = (std::filesystem::path(config.job.dump_folder) / config.job.name).string();
