@@ -317,14 +317,35 @@ void Checkpointer::after_step(Executor& executor, TrainingProgress& progress, bo
   progress.loader = train_->state();
   progress.has_validation_loader = validation_ != nullptr;
   if (validation_) progress.validation_loader = validation_->state();
+  report_background_write(log);  // waits for the previous write, as save() would
   writer_->save(executor, progress);
   log << "checkpoint: step " << progress.step << " -> " << folder_ << "/" << checkpoint_name(progress.step)
       << (config_.checkpoint.async ? " (writing in the background)" : "") << ", training paused "
       << writer_->last_copy_seconds() + (config_.checkpoint.async ? 0.0 : writer_->last_write_seconds()) << " s\n";
+  if (config_.checkpoint.async) {
+    background_step_ = progress.step;
+  } else {
+    report_write(progress.step, log);
+  }
 }
 
-void Checkpointer::finish() {
-  if (writer_) writer_->finish();
+void Checkpointer::report_write(int64_t step, std::ostream& log) {
+  const double seconds = writer_->last_write_seconds();
+  const double gigabytes = static_cast<double>(writer_->last_bytes()) / 1e9;
+  log << "checkpoint: " << checkpoint_name(step) << " written: " << gigabytes << " GB in " << seconds << " s ("
+      << (seconds > 0 ? gigabytes / seconds : 0.0) << " GB/s)\n";
+}
+
+void Checkpointer::report_background_write(std::ostream& log) {
+  if (background_step_ < 0) return;
+  report_write(background_step_, log);
+  background_step_ = -1;
+}
+
+void Checkpointer::finish(std::ostream& log) {
+  if (!writer_) return;
+  writer_->finish();
+  report_background_write(log);
 }
 
 }  // namespace smelt

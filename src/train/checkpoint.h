@@ -96,16 +96,21 @@ class Checkpointer {
   TrainingProgress resume(Executor& executor, DataLoader& train, DataLoader* validation, std::ostream& log);
   // Saves when `step` is due (every interval, and the last step).
   void after_step(Executor& executor, TrainingProgress& progress, bool last, std::ostream& log);
-  void finish();
+  // Waits for a background write and logs its size and time.
+  void finish(std::ostream& log);
   const std::string& folder() const { return folder_; }
 
  private:
+  void report_write(int64_t step, std::ostream& log);   // size and time of the last write
+  void report_background_write(std::ostream& log);      // the pending background write's, once
+
   const JobConfig& config_;
   std::string run_folder_, folder_;
   const ModelConfig& model_;
   DataLoader* train_ = nullptr;
   DataLoader* validation_ = nullptr;
   std::unique_ptr<CheckpointWriter> writer_;
+  int64_t background_step_ = -1;  // step of a background write not yet reported
 };
 
 }  // namespace smelt

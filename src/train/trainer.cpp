@@ -194,7 +194,7 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
     interval_start = clock::now();
     interval_steps = 0;
   }
-  checkpointer.finish();
+  checkpointer.finish(log);
 
   // The final weights, with what generation needs to use them.
   save_model_weights(result.run_folder + "/model.safetensors", executor, tokenizer_spec, shape.seq_len);
