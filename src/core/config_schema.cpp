@@ -224,6 +224,11 @@ std::vector<ConfigField> config_schema() {
            at_least(1)),
       bind("parallelism", "data_parallel_replicate_degree", &C::parallelism,
            &ParallelismSection::data_parallel_replicate_degree, "data-parallel replicas", at_least(1)),
+      bind("parallelism", "reduce_dtype", &C::parallelism, &ParallelismSection::reduce_dtype,
+           "dtype gradients are reduce-scattered in (FSDP); the optimizer's shards stay float32",
+           one_of({"float32", "bfloat16"})),
+      bind("parallelism", "shard_single_rank", &C::parallelism, &ParallelismSection::shard_single_rank,
+           "run the FSDP schedule (gathers, reduce-scatters) even on one rank, to measure its cost"),
 
       bind("checkpoint", "enable", &C::checkpoint, &CheckpointSection::enable, "write checkpoints"),
       bind("checkpoint", "folder", &C::checkpoint, &CheckpointSection::folder,

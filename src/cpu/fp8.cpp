@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "core/numerics.h"
 
@@ -78,21 +79,25 @@ void amax(const AmaxArgs& args) {
   require(is_high_precision(args.x.dtype), op, "x must be f32, bf16 or f64, found " + args.x.str());
   const int64_t rows = args.x.rows(), cols = args.x.cols();
   const bool by_column = args.rowwise && args.transpose;
-  require_statistic(args.amax, by_column ? cols : rows, args.rowwise, op, "amax");
+  require(!args.amax.empty() || !args.column_amax.empty(), op, "expected amax or column_amax to write, found neither");
+  if (!args.amax.empty()) require_statistic(args.amax, by_column ? cols : rows, args.rowwise, op, "amax");
+  if (!args.column_amax.empty()) require_statistic(args.column_amax, cols, true, op, "column_amax");
 
   // NaN sticks: once the running maximum is NaN, `magnitude > maximum` is false forever.
   auto fold = [](float maximum, float value) {
     const float magnitude = std::fabs(value);
     return (std::isnan(magnitude) || magnitude > maximum) ? magnitude : maximum;
   };
-  if (by_column) {
+  auto column_maxima = [&](const TensorView& out) {
     for (int64_t c = 0; c < cols; ++c) {
       float maximum = 0.0f;
       for (int64_t r = 0; r < rows; ++r) maximum = fold(maximum, load_float(args.x, r * cols + c));
-      store_float(args.amax, c, maximum);
+      store_float(out, c, maximum);
     }
-    return;
-  }
+  };
+  if (!args.column_amax.empty()) column_maxima(args.column_amax);
+  if (args.amax.empty()) return;
+  if (by_column) return column_maxima(args.amax);
   float maximum = 0.0f;
   for (int64_t r = 0; r < rows; ++r) {
     if (args.rowwise) maximum = 0.0f;
@@ -101,6 +106,27 @@ void amax(const AmaxArgs& args) {
   }
   if (!args.rowwise) store_float(args.amax, 0, maximum);
 }
+
+namespace {
+
+// The scales of one output: read from `scale`, or computed from `amax` and written to `scale`.
+std::vector<float> output_scales(const TensorView& amax, const TensorView& scale, int64_t count, bool rowwise,
+                                 DType format, bool power_of_two, const std::string& op, const char* name) {
+  require_statistic(scale, count, rowwise, op, name);
+  std::vector<float> scales(static_cast<size_t>(scale.numel()));
+  if (amax.empty()) {
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = load_float(scale, int64_t(i));
+    return scales;
+  }
+  require_statistic(amax, count, rowwise, op, (std::string(name) + "'s amax").c_str());
+  for (size_t i = 0; i < scales.size(); ++i) {
+    scales[i] = amax_to_scale(load_float(amax, int64_t(i)), float8_format(format), power_of_two);
+    store_float(scale, int64_t(i), scales[i]);
+  }
+  return scales;
+}
+
+}  // namespace
 
 void quantize(const QuantizeArgs& args) {
   const std::string op = "quantize";
@@ -113,20 +139,41 @@ void quantize(const QuantizeArgs& args) {
     require(args.dst.rows() == cols && args.dst.cols() == rows, op,
             "dst must be src transposed, (" + std::to_string(cols) + ", " + std::to_string(rows) + "), found " +
                 args.dst.str());
+    require(args.dst_transposed.empty(), op, "dst_transposed needs transpose = false (dst is already transposed)");
   } else {
     require_pair(args.src, args.dst, op, "src", "dst");
   }
-  require_statistic(args.scale, args.dst.rows(), args.rowwise, op, "scale");
+  const std::vector<float> scales = output_scales(args.amax, args.scale, args.dst.rows(), args.rowwise, args.dst.dtype,
+                                                  args.round_scale_to_power_of_two, op, "scale");
+  std::vector<float> transposed_scales;
+  if (!args.dst_transposed.empty()) {
+    require_cpu(args.dst_transposed, op, "dst_transposed");
+    require(is_float8(args.dst_transposed.dtype) && args.dst_transposed.rows() == cols &&
+                args.dst_transposed.cols() == rows,
+            op, "dst_transposed must be e4m3 or e5m2 of src transposed, (" + std::to_string(cols) + ", " +
+                    std::to_string(rows) + "), found " + args.dst_transposed.str());
+    transposed_scales = output_scales(args.amax_transposed, args.scale_transposed, cols, args.rowwise,
+                                      args.dst_transposed.dtype, args.round_scale_to_power_of_two, op,
+                                      "scale_transposed");
+  }
 
   const Float8Format format = float8_format(args.dst.dtype);
   auto* out = args.dst.as<uint8_t>();
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
+      const float value = load_float(args.src, r * cols + c);
       const int64_t destination = args.transpose ? c * rows + r : r * cols + c;
       const int64_t scale_index = !args.rowwise ? 0 : (args.transpose ? c : r);
-      out[destination] = float_to_float8(load_float(args.src, r * cols + c) * load_float(args.scale, scale_index), format);
+      out[destination] = float_to_float8(value * scales[size_t(scale_index)], format);
     }
   }
+  if (args.dst_transposed.empty()) return;
+  const Float8Format transposed_format = float8_format(args.dst_transposed.dtype);
+  auto* out_transposed = args.dst_transposed.as<uint8_t>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      out_transposed[c * rows + r] = float_to_float8(
+          load_float(args.src, r * cols + c) * transposed_scales[size_t(args.rowwise ? c : 0)], transposed_format);
 }
 
 void scale_from_amax(const ScaleFromAmaxArgs& args) {

@@ -6,11 +6,12 @@
 namespace smelt::cpu {
 
 // amax[0] = max |x| (tensorwise) or amax[r] = max_c |x[r, c]| (rowwise; per column with transpose);
-// NaN propagates.
+// column_amax[c] = max_r |x[r, c]| when given. NaN propagates.
 void amax(const AmaxArgs& args);
 
 // dst = float_to_float8(float(src) * scale), the multiply in float32, saturating; with transpose
-// dst (cols, rows) holds src^T and a rowwise scale is one per dst row.
+// dst (cols, rows) holds src^T and a rowwise scale is one per dst row. With `amax` the scale is
+// amax_to_scale(amax) and is written to `scale`; dst_transposed (src^T) is a second output.
 void quantize(const QuantizeArgs& args);
 
 // scale[i] = amax_to_scale(amax[i]); in place when the views alias.

@@ -1,6 +1,7 @@
-// Float8 ops on the GPU: amax (tensorwise, per row or per column), scale from amax, quantize to
-// e4m3/e5m2 with a scale (optionally transposed, for K-major GEMM operands), dequantize back. Element rounding is core/numerics.h's, so results are bit-identical to
-// the CPU reference.
+// Float8 ops on the GPU: amax (tensorwise, per row, per column, or rows and columns in one pass),
+// scale from amax, quantize to e4m3/e5m2 (scale read, or computed from amax inside the cast;
+// row-major, transposed, or both from one read) and dequantize. Element rounding is
+// core/numerics.h's, so results are bit-identical to the CPU reference.
 #include "core/numerics.h"
 #include "cuda/cuda_common.cuh"
 
@@ -16,57 +17,240 @@ __device__ __forceinline__ uint32_t warp_max_bits(uint32_t value) {
   return value;
 }
 
-// Tensorwise: amax[0] must be 0 before the launch (memset); one atomicMax per block.
-template <typename T>
-__global__ void amax_tensor(const T* x, int64_t count, uint32_t* amax_bits) {
+// Block-wide maximum of one value per thread (blockDim.x a multiple of 32, at most 1024); the
+// result is valid in thread 0.
+__device__ __forceinline__ uint32_t block_max_bits(uint32_t value) {
   __shared__ uint32_t shared[32];
-  uint32_t maximum = 0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
-    maximum = max(maximum, magnitude_bits(load_float(x, i)));
-  maximum = warp_max_bits(maximum);
-  if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = maximum;
+  value = warp_max_bits(value);
+  if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = value;
   __syncthreads();
   if (threadIdx.x < 32) {
-    maximum = threadIdx.x < (blockDim.x >> 5) ? shared[threadIdx.x] : 0;
-    maximum = warp_max_bits(maximum);
-    if (threadIdx.x == 0) atomicMax(amax_bits, maximum);
+    value = threadIdx.x < (blockDim.x >> 5) ? shared[threadIdx.x] : 0;
+    value = warp_max_bits(value);
+  }
+  return value;
+}
+
+// ---- 16-byte loads and stores -----------------------------------------------------------------
+
+constexpr int kVector = 8;  // elements per vector load: one 16-byte load of bf16, two of f32
+
+__device__ __forceinline__ void load_vector(const __nv_bfloat16* p, float (&out)[kVector]) {
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(words[i] << 16);  // the lower half is the earlier element
+    out[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
   }
 }
 
-// Rowwise: one block per row.
-template <typename T>
+__device__ __forceinline__ void load_vector(const float* p, float (&out)[kVector]) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+
+// 16 codes as one 16-byte store.
+__device__ __forceinline__ void store_codes(uint8_t* p, const uint8_t (&codes)[16]) {
+  uint32_t words[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    words[i] = uint32_t(codes[4 * i]) | uint32_t(codes[4 * i + 1]) << 8 | uint32_t(codes[4 * i + 2]) << 16 |
+               uint32_t(codes[4 * i + 3]) << 24;
+  *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// ---- amax ------------------------------------------------------------------------------------
+
+// Tensorwise: amax[0] must be 0 before the launch (memset); one atomicMax per block. Vector
+// loads over the first count - count % 8 elements, the tail by the first block.
+template <typename T, bool Vectorized>
+__global__ void amax_tensor(const T* x, int64_t count, uint32_t* amax_bits) {
+  uint32_t maximum = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x, first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (Vectorized) {
+    const int64_t vectors = count / kVector;
+    for (int64_t v = first; v < vectors; v += stride) {
+      float values[kVector];
+      load_vector(x + v * kVector, values);
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) maximum = max(maximum, magnitude_bits(values[i]));
+    }
+    if (blockIdx.x == 0)
+      for (int64_t i = vectors * kVector + threadIdx.x; i < count; i += blockDim.x)
+        maximum = max(maximum, magnitude_bits(load_float(x, i)));
+  } else {
+    for (int64_t i = first; i < count; i += stride) maximum = max(maximum, magnitude_bits(load_float(x, i)));
+  }
+  maximum = block_max_bits(maximum);
+  if (threadIdx.x == 0) atomicMax(amax_bits, maximum);
+}
+
+// Rowwise: one block per row (no atomics, no memset).
+template <typename T, bool Vectorized>
 __global__ void amax_rows(const T* x, int64_t cols, uint32_t* amax_bits) {
-  __shared__ uint32_t shared[32];
   const T* row = x + int64_t(blockIdx.x) * cols;
   uint32_t maximum = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) maximum = max(maximum, magnitude_bits(load_float(row, c)));
-  maximum = warp_max_bits(maximum);
-  if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = maximum;
+  if (Vectorized) {
+    for (int64_t c = int64_t(threadIdx.x) * kVector; c < cols; c += int64_t(blockDim.x) * kVector) {
+      float values[kVector];
+      load_vector(row + c, values);
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) maximum = max(maximum, magnitude_bits(values[i]));
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) maximum = max(maximum, magnitude_bits(load_float(row, c)));
+  }
+  maximum = block_max_bits(maximum);
+  if (threadIdx.x == 0) amax_bits[blockIdx.x] = maximum;
+}
+
+// Per row and per column from one read, over tiles of 64 rows x 256 columns: block (32, 8),
+// each thread 8 consecutive columns of 8 rows. Row maxima reduce across the warp, column
+// maxima across the block's 8 warps; one atomicMax per row and per column of the tile. Both
+// outputs must be zeroed before the launch; either may be null.
+constexpr int kStripRows = 64, kStripColumns = 256;
+
+template <typename T, bool Vectorized>
+__global__ void amax_rows_and_columns(const T* x, int64_t rows, int64_t cols, uint32_t* row_bits,
+                                      uint32_t* column_bits) {
+  __shared__ uint32_t column_partial[8][kStripColumns];
+  const int64_t column0 = int64_t(blockIdx.x) * kStripColumns + threadIdx.x * kVector;
+  const int64_t row0 = int64_t(blockIdx.y) * kStripRows;
+  uint32_t column_maximum[kVector] = {};
+  for (int i = 0; i < kStripRows / 8; ++i) {
+    const int64_t r = row0 + threadIdx.y + 8 * i;
+    if (r >= rows) break;  // rows are uniform across the warp
+    float values[kVector];
+    if (Vectorized && column0 < cols) {
+      load_vector(x + r * cols + column0, values);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVector; ++j) values[j] = column0 + j < cols ? load_float(x, r * cols + column0 + j) : 0.0f;
+    }
+    uint32_t row_maximum = 0;
+#pragma unroll
+    for (int j = 0; j < kVector; ++j) {
+      const uint32_t bits = magnitude_bits(values[j]);
+      row_maximum = max(row_maximum, bits);
+      column_maximum[j] = max(column_maximum[j], bits);
+    }
+    row_maximum = warp_max_bits(row_maximum);
+    if (row_bits && threadIdx.x == 0) atomicMax(row_bits + r, row_maximum);
+  }
+#pragma unroll
+  for (int j = 0; j < kVector; ++j) column_partial[threadIdx.y][threadIdx.x * kVector + j] = column_maximum[j];
   __syncthreads();
-  if (threadIdx.x < 32) {
-    maximum = threadIdx.x < (blockDim.x >> 5) ? shared[threadIdx.x] : 0;
-    maximum = warp_max_bits(maximum);
-    if (threadIdx.x == 0) amax_bits[blockIdx.x] = maximum;
+  if (!column_bits) return;
+  for (int c = threadIdx.y * 32 + threadIdx.x; c < kStripColumns; c += 256) {
+    uint32_t maximum = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) maximum = max(maximum, column_partial[k][c]);
+    const int64_t column = int64_t(blockIdx.x) * kStripColumns + c;
+    if (column < cols) atomicMax(column_bits + column, maximum);
   }
 }
 
-// Rowwise over x^T: one thread per column of x (adjacent threads read adjacent columns).
+// ---- quantize --------------------------------------------------------------------------------
+
+// Where one output's scales come from: given (`scale`), or computed from `amax` in the kernel
+// and written to `scale_out` by the thread that owns index 0 of its row (or of the tensor).
+struct ScaleSource {
+  const float* scale = nullptr;
+  const float* amax = nullptr;
+  float* scale_out = nullptr;
+  Float8Format format = Float8Format::e4m3;
+  bool rowwise = false, power_of_two = false;
+
+  __device__ __forceinline__ float get(int64_t index) const {
+    const int64_t i = rowwise ? index : 0;
+    return amax ? amax_to_scale(amax[i], format, power_of_two) : scale[i];
+  }
+  // Writes the computed scale; `owner` is true for exactly one thread per scale.
+  __device__ __forceinline__ void publish(int64_t index, float value, bool owner) const {
+    if (scale_out && owner) scale_out[rowwise ? index : 0] = value;
+  }
+};
+
+// Row-major cast, 16 elements per thread (two vector loads, one 16-byte store). Needs count a
+// multiple of 16 (cols too when rowwise) and 16-byte aligned pointers.
 template <typename T>
-__global__ void amax_columns(const T* x, int64_t rows, int64_t cols, uint32_t* amax_bits) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= cols) return;
-  uint32_t maximum = 0;
-  for (int64_t r = 0; r < rows; ++r) maximum = max(maximum, magnitude_bits(load_float(x, r * cols + c)));
-  amax_bits[c] = maximum;
+__global__ void quantize_vectorized(const T* src, uint8_t* dst, int64_t count, int64_t cols, ScaleSource source) {
+  for (int64_t chunk = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; chunk * 16 < count;
+       chunk += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = chunk * 16, row = i / cols;
+    const float scale = source.get(row);
+    source.publish(row, scale, source.rowwise ? i % cols == 0 : i == 0);
+    float values[16];
+    load_vector(src + i, *reinterpret_cast<float(*)[kVector]>(values));
+    load_vector(src + i + kVector, *reinterpret_cast<float(*)[kVector]>(values + kVector));
+    uint8_t codes[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) codes[j] = float_to_float8(values[j] * scale, source.format);
+    store_codes(dst + i, codes);
+  }
 }
 
+// Any shape: one element per thread.
+template <typename T>
+__global__ void quantize_elements(const T* src, uint8_t* dst, int64_t count, int64_t cols, ScaleSource source) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / cols;
+    const float scale = source.get(row);
+    source.publish(row, scale, source.rowwise ? i % cols == 0 : i == 0);
+    dst[i] = float_to_float8(load_float(src, i) * scale, source.format);
+  }
+}
+
+// Cast + transpose over 64 x 64 tiles, 256 threads: each thread reads 16 consecutive elements
+// of one src row (and writes them to `dst` row-major when asked, 16-byte store), then 16
+// consecutive src rows of one column from shared memory into a 16-byte store of dst_transposed
+// (cols, rows). Needs rows and cols multiples of 16 and 16-byte aligned pointers.
+constexpr int kCastTile = 64;
+
+template <typename T>
+__global__ void quantize_tile(const T* src, int64_t rows, int64_t cols, uint8_t* dst, ScaleSource row_source,
+                              uint8_t* dst_transposed, ScaleSource column_source) {
+  __shared__ float tile[kCastTile][kCastTile + 1];
+  const int64_t row0 = int64_t(blockIdx.y) * kCastTile, column0 = int64_t(blockIdx.x) * kCastTile;
+  {
+    const int r = threadIdx.x / 4, c = (threadIdx.x % 4) * 16;
+    const int64_t row = row0 + r, column = column0 + c;
+    if (row < rows && column < cols) {
+      float values[16];
+      load_vector(src + row * cols + column, *reinterpret_cast<float(*)[kVector]>(values));
+      load_vector(src + row * cols + column + kVector, *reinterpret_cast<float(*)[kVector]>(values + kVector));
+#pragma unroll
+      for (int j = 0; j < 16; ++j) tile[r][c + j] = values[j];
+      if (dst) {
+        const float scale = row_source.get(row);
+        row_source.publish(row, scale, row_source.rowwise ? column == 0 : row == 0 && column == 0);
+        uint8_t codes[16];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) codes[j] = float_to_float8(values[j] * scale, row_source.format);
+        store_codes(dst + row * cols + column, codes);
+      }
+    }
+  }
+  __syncthreads();
+  const int c = threadIdx.x % kCastTile, r = (threadIdx.x / kCastTile) * 16;
+  const int64_t row = row0 + r, column = column0 + c;
+  if (row >= rows || column >= cols) return;
+  const float scale = column_source.get(column);
+  column_source.publish(column, scale, column_source.rowwise ? row == 0 : row == 0 && column == 0);
+  uint8_t codes[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) codes[j] = float_to_float8(tile[r + j][c] * scale, column_source.format);
+  store_codes(dst_transposed + column * rows + row, codes);
+}
+
+// Cast + transpose for any shape: dst (cols, rows) through a 32 x 32 shared tile, one element per thread.
 constexpr int kTile = 32;
 
-// dst (cols, rows) = quantised src^T through a shared-memory tile, so reads and writes are
-// both coalesced; a rowwise scale is one per dst row (per src column).
 template <typename T>
-__global__ void quantize_transposed(const T* src, uint8_t* dst, const float* scale, int64_t rows, int64_t cols,
-                                    bool rowwise, Float8Format format) {
+__global__ void quantize_transposed(const T* src, uint8_t* dst, int64_t rows, int64_t cols, ScaleSource source) {
   __shared__ float tile[kTile][kTile + 1];
   const int64_t column0 = int64_t(blockIdx.x) * kTile, row0 = int64_t(blockIdx.y) * kTile;
   for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
@@ -76,22 +260,16 @@ __global__ void quantize_transposed(const T* src, uint8_t* dst, const float* sca
   __syncthreads();
   for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
     const int64_t c = column0 + i, r = row0 + threadIdx.x;  // dst row c, dst column r
-    if (r < rows && c < cols) dst[c * rows + r] = float_to_float8(tile[threadIdx.x][i] * scale[rowwise ? c : 0], format);
+    if (r >= rows || c >= cols) continue;
+    const float scale = source.get(c);
+    source.publish(c, scale, source.rowwise ? r == 0 : r == 0 && c == 0);
+    dst[c * rows + r] = float_to_float8(tile[threadIdx.x][i] * scale, source.format);
   }
 }
 
 __global__ void scales_from_amax(const float* amax, float* scale, int64_t count, Float8Format format, bool power_of_two) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i < count) scale[i] = amax_to_scale(amax[i], format, power_of_two);
-}
-
-template <typename T>
-__global__ void quantize_elements(const T* src, uint8_t* dst, const float* scale, int64_t count, int64_t cols,
-                                  bool rowwise, Float8Format format) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
-    const float s = scale[rowwise ? i / cols : 0];
-    dst[i] = float_to_float8(load_float(src, i) * s, format);
-  }
 }
 
 template <typename T>
@@ -116,6 +294,28 @@ void expect_scale(const TensorView& scale, int64_t rows, bool rowwise, const cha
   expect_numel(scale, rowwise ? rows : 1, op, name);
 }
 
+// The scale source of one quantize output, checked: `amax` (computed, written to `scale`) or `scale`.
+ScaleSource scale_source(const TensorView& amax, const TensorView& scale, int64_t rows, bool rowwise, DType dst,
+                         bool power_of_two, const char* op, const char* name) {
+  expect_scale(scale, rows, rowwise, op, name);
+  ScaleSource source;
+  source.format = format_of(dst, op);
+  source.rowwise = rowwise;
+  source.power_of_two = power_of_two;
+  if (amax.empty()) {
+    source.scale = scale.as<float>();
+    return source;
+  }
+  expect_scale(amax, rows, rowwise, op, name);
+  if (amax.data == scale.data)
+    fail(ErrorKind::internal, std::string("cuda quantize: the amax and the ") + name +
+                                  " it is turned into share memory; pass a separate scale view (other threads still "
+                                  "read the amax while one writes the scale)");
+  source.amax = amax.as<float>();
+  source.scale_out = scale.as<float>();
+  return source;
+}
+
 }  // namespace
 
 void amax(CudaContext& context, const AmaxArgs& args) {
@@ -123,20 +323,43 @@ void amax(CudaContext& context, const AmaxArgs& args) {
   expect_device(args.x, op, "x");
   const int64_t rows = args.x.rows(), cols = args.x.cols();
   const bool by_column = args.rowwise && args.transpose;
-  expect_scale(args.amax, by_column ? cols : rows, args.rowwise, op, "amax");
+  if (args.amax.empty() && args.column_amax.empty())
+    fail(ErrorKind::internal, "cuda amax: expected amax or column_amax to write, found neither");
+  if (!args.amax.empty()) expect_scale(args.amax, by_column ? cols : rows, args.rowwise, op, "amax");
+  if (!args.column_amax.empty()) expect_scale(args.column_amax, cols, true, op, "column_amax");
+  if (rows == 0 || cols == 0) return;
+  // Which outputs the rows-and-columns kernel writes (null: not asked for).
+  uint32_t* row_bits = nullptr;
+  uint32_t* column_bits = args.column_amax.empty() ? nullptr : args.column_amax.as<uint32_t>();
+  if (by_column) column_bits = args.amax.as<uint32_t>();
+  else if (args.rowwise && column_bits) row_bits = args.amax.as<uint32_t>();
+  const bool vectorized = aligned16(args.x.data) && cols % kVector == 0;
   dispatch_activation(args.x.dtype, op, [&](auto element) {
     using T = decltype(element);
-    auto* bits = args.amax.as<uint32_t>();
-    if (by_column) {
-      amax_columns<T><<<unsigned((cols + 255) / 256), 256, 0, context.stream>>>(args.x.as<T>(), rows, cols, bits);
-    } else if (args.rowwise) {
-      amax_rows<T><<<unsigned(rows), 256, 0, context.stream>>>(args.x.as<T>(), cols, bits);
-    } else {
+    const T* x = args.x.as<T>();
+    if (!args.amax.empty() && !args.rowwise) {  // tensorwise (a column amax, if asked, below)
+      auto* bits = args.amax.as<uint32_t>();
       SMELT_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof(uint32_t), context.stream));
-      amax_tensor<T><<<grid_for(args.x.numel(), 256, context.multiprocessors), 256, 0, context.stream>>>(
-          args.x.as<T>(), args.x.numel(), bits);
+      const unsigned grid = grid_for((args.x.numel() + kVector - 1) / kVector, 256, context.multiprocessors);
+      if (aligned16(args.x.data)) amax_tensor<T, true><<<grid, 256, 0, context.stream>>>(x, args.x.numel(), bits);
+      else amax_tensor<T, false><<<grid, 256, 0, context.stream>>>(x, args.x.numel(), bits);
+      SMELT_CUDA_LAUNCH_CHECK("amax_tensor");
+    } else if (args.rowwise && !by_column && !column_bits) {  // rows only: a block per row
+      auto* bits = args.amax.as<uint32_t>();
+      if (vectorized) amax_rows<T, true><<<unsigned(rows), 256, 0, context.stream>>>(x, cols, bits);
+      else amax_rows<T, false><<<unsigned(rows), 256, 0, context.stream>>>(x, cols, bits);
+      SMELT_CUDA_LAUNCH_CHECK("amax_rows");
     }
-    SMELT_CUDA_LAUNCH_CHECK("amax");
+    if (!column_bits) return;
+    if (row_bits) SMELT_CUDA_CHECK(cudaMemsetAsync(row_bits, 0, size_t(rows) * sizeof(uint32_t), context.stream));
+    SMELT_CUDA_CHECK(cudaMemsetAsync(column_bits, 0, size_t(cols) * sizeof(uint32_t), context.stream));
+    const dim3 grid(unsigned((cols + kStripColumns - 1) / kStripColumns), unsigned((rows + kStripRows - 1) / kStripRows));
+    const dim3 block(32, 8);
+    if (vectorized)
+      amax_rows_and_columns<T, true><<<grid, block, 0, context.stream>>>(x, rows, cols, row_bits, column_bits);
+    else
+      amax_rows_and_columns<T, false><<<grid, block, 0, context.stream>>>(x, rows, cols, row_bits, column_bits);
+    SMELT_CUDA_LAUNCH_CHECK("amax_rows_and_columns");
   });
 }
 
@@ -144,24 +367,54 @@ void quantize(CudaContext& context, const QuantizeArgs& args) {
   const char* op = "quantize";
   expect_device(args.src, op, "src");
   expect_device(args.dst, op, "dst");
-  const Float8Format format = format_of(args.dst.dtype, op);
   const int64_t count = args.src.numel(), rows = args.src.rows(), cols = args.src.cols();
   expect_numel(args.dst, count, op, "dst");
-  expect_scale(args.scale, args.transpose ? cols : rows, args.rowwise, op, "scale");
   if (args.transpose && (args.dst.rows() != cols || args.dst.cols() != rows))
     fail(ErrorKind::internal, "cuda quantize: expected dst of src transposed, (" + std::to_string(cols) + ", " +
                                   std::to_string(rows) + "), found " + args.dst.str() + "; pass a (cols, rows) view");
+  const ScaleSource dst_source = scale_source(args.amax, args.scale, args.transpose ? cols : rows, args.rowwise,
+                                              args.dst.dtype, args.round_scale_to_power_of_two, op, "scale");
+  // The row-major output and the transposed one (either may be absent).
+  uint8_t* row_major = args.transpose ? nullptr : args.dst.as<uint8_t>();
+  uint8_t* transposed = args.transpose ? args.dst.as<uint8_t>() : nullptr;
+  ScaleSource row_source = dst_source, column_source = dst_source;
+  if (!args.dst_transposed.empty()) {
+    if (args.transpose)
+      fail(ErrorKind::internal, "cuda quantize: dst_transposed needs transpose = false (dst is already transposed)");
+    expect_device(args.dst_transposed, op, "dst_transposed");
+    if (args.dst_transposed.rows() != cols || args.dst_transposed.cols() != rows)
+      fail(ErrorKind::internal, "cuda quantize: expected dst_transposed of src transposed, (" + std::to_string(cols) +
+                                    ", " + std::to_string(rows) + "), found " + args.dst_transposed.str());
+    transposed = args.dst_transposed.as<uint8_t>();
+    column_source = scale_source(args.amax_transposed, args.scale_transposed, cols, args.rowwise,
+                                 args.dst_transposed.dtype, args.round_scale_to_power_of_two, op, "scale_transposed");
+  }
+  if (count == 0) return;
+  const bool aligned = aligned16(args.src.data) && aligned16(row_major) && aligned16(transposed);
   dispatch_activation(args.src.dtype, op, [&](auto element) {
     using T = decltype(element);
-    if (args.transpose) {
+    const T* src = args.src.as<T>();
+    if (transposed) {
+      if (aligned && rows % 16 == 0 && cols % 16 == 0) {
+        const dim3 grid(unsigned((cols + kCastTile - 1) / kCastTile), unsigned((rows + kCastTile - 1) / kCastTile));
+        quantize_tile<T><<<grid, 256, 0, context.stream>>>(src, rows, cols, row_major, row_source, transposed,
+                                                           column_source);
+        SMELT_CUDA_LAUNCH_CHECK("quantize_tile");
+        return;
+      }
       const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile)), block(kTile, 8);
-      quantize_transposed<T><<<grid, block, 0, context.stream>>>(args.src.as<T>(), args.dst.as<uint8_t>(),
-                                                                 args.scale.as<float>(), rows, cols, args.rowwise, format);
+      quantize_transposed<T><<<grid, block, 0, context.stream>>>(src, transposed, rows, cols, column_source);
       SMELT_CUDA_LAUNCH_CHECK("quantize_transposed");
+      if (!row_major) return;
+    }
+    if (aligned && count % 16 == 0 && (!args.rowwise || cols % 16 == 0)) {
+      quantize_vectorized<T><<<grid_for(count / 16, 256, context.multiprocessors), 256, 0, context.stream>>>(
+          src, row_major, count, cols, row_source);
+      SMELT_CUDA_LAUNCH_CHECK("quantize_vectorized");
       return;
     }
     quantize_elements<T><<<grid_for(count, 256, context.multiprocessors), 256, 0, context.stream>>>(
-        args.src.as<T>(), args.dst.as<uint8_t>(), args.scale.as<float>(), count, cols, args.rowwise, format);
+        src, row_major, count, cols, row_source);
     SMELT_CUDA_LAUNCH_CHECK("quantize_elements");
   });
 }

@@ -105,7 +105,35 @@ std::string describe(const GemmArgs& args) {
          " -> out " + args.out.str();
 }
 
-std::unique_ptr<GemmPlan> build_plan(CudaContext& context, const GemmKey& key, const std::string& problem) {
+// The float8 set-up the heuristic is asked about, for error messages.
+std::string describe_float8(const GemmKey& key, bool has_addend) {
+  const bool rowwise = key.scaling == OperandScaling::rowwise;
+  const char* mode = rowwise ? "OUTER_VEC_32F" : "SCALAR_32F";
+  return std::string("cuBLAS A (smelt b) ") + std::string(dtype_name(key.input_a)) + " " + std::to_string(key.m) + "x" +
+         std::to_string(key.k) + (key.transpose_a ? " op T" : " op N") + ", cuBLAS B (smelt a) " +
+         std::string(dtype_name(key.input)) + " " + std::to_string(key.k) + "x" + std::to_string(key.n) +
+         (key.transpose_b ? " op T" : " op N") + ", C/D " + std::string(dtype_name(key.output)) +
+         ", compute 32F, A_SCALE_MODE = B_SCALE_MODE = " + mode + " (scale vectors of " +
+         (rowwise ? std::to_string(key.m) + " and " + std::to_string(key.n) : std::string("1 and 1")) +
+         " floats, set before the heuristic), FAST_ACCUM = " + (key.fast_accumulation ? "1" : "0") +
+         ", beta = " + (has_addend ? "1 (addend C)" : "0") + ", alignment " + std::to_string(key.alignment) + " bytes";
+}
+
+// Scale pointers of a float8 GEMM: cuBLAS A is smelt's b, cuBLAS B is smelt's a. Vector scale modes
+// need them set before cublasLtMatmulAlgoGetHeuristic (a NULL pointer there is INVALID_VALUE),
+// and they are set again before every cublasLtMatmul.
+void set_scale_pointers(cublasLtMatmulDesc_t operation, const float* cublas_a_scale, const float* cublas_b_scale,
+                        const std::string& problem) {
+  check_cublas(cublasLtMatmulDescSetAttribute(operation, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &cublas_a_scale,
+                                              sizeof cublas_a_scale),
+               "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)", problem);
+  check_cublas(cublasLtMatmulDescSetAttribute(operation, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &cublas_b_scale,
+                                              sizeof cublas_b_scale),
+               "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)", problem);
+}
+
+std::unique_ptr<GemmPlan> build_plan(CudaContext& context, const GemmKey& key, const std::string& problem,
+                                     const float* cublas_a_scale, const float* cublas_b_scale, bool has_addend) {
   auto plan = std::make_unique<GemmPlan>();
   check_cublas(cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate",
                problem);
@@ -121,15 +149,17 @@ std::unique_ptr<GemmPlan> build_plan(CudaContext& context, const GemmKey& key, c
   const uint64_t a_rows = key.transpose_a ? key.k : key.m, a_cols = key.transpose_a ? key.m : key.k;
   const uint64_t b_rows = key.transpose_b ? key.n : key.k, b_cols = key.transpose_b ? key.k : key.n;
   if (key.scaling != OperandScaling::none) {
-    const cublasLtMatmulMatrixScale_t mode = key.scaling == OperandScaling::rowwise
-                                                 ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
-                                                 : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    // The scale-mode attributes are int32_t (cublasLt.h), the fast-accumulation flag int8_t.
+    const int32_t mode = static_cast<int32_t>(key.scaling == OperandScaling::rowwise
+                                                  ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                                                  : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F);
     for (auto attribute : {CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_DESC_B_SCALE_MODE})
       check_cublas(cublasLtMatmulDescSetAttribute(plan->operation, attribute, &mode, sizeof mode),
                    "cublasLtMatmulDescSetAttribute(SCALE_MODE)", problem);
     const int8_t fast = key.fast_accumulation ? 1 : 0;
     check_cublas(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast),
                  "cublasLtMatmulDescSetAttribute(FAST_ACCUM)", problem);
+    set_scale_pointers(plan->operation, cublas_a_scale, cublas_b_scale, problem);
   }
   check_cublas(cublasLtMatrixLayoutCreate(&plan->a, cuda_type(key.input_a), a_rows, a_cols, int64_t(a_rows)),
                "cublasLtMatrixLayoutCreate(A)", problem);
@@ -151,7 +181,13 @@ std::unique_ptr<GemmPlan> build_plan(CudaContext& context, const GemmKey& key, c
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(context.cublas, plan->operation, plan->a, plan->b,
                                                                plan->c, plan->c, preference, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(preference);
-  check_cublas(status, "cublasLtMatmulAlgoGetHeuristic", problem);
+  const bool float8 = key.scaling != OperandScaling::none;
+  check_cublas(status, "cublasLtMatmulAlgoGetHeuristic",
+               float8 ? problem + " [" + describe_float8(key, has_addend) + "]" : problem);
+  if (found == 0 && float8)
+    fail(ErrorKind::device, "cuBLASLt found no float8 algorithm for " + problem + " [" + describe_float8(key, has_addend) +
+                                "]; expected at least one (K and the leading dimensions multiples of 16, at most one "
+                                "e5m2 operand, bf16 or f32 out)");
   if (found == 0)
     fail(ErrorKind::device, "cuBLASLt found no algorithm for " + problem +
                                 "; expected at least one. Check that the dtypes are supported together (bf16 or f32 "
@@ -214,25 +250,29 @@ void gemm(CudaContext& context, const GemmArgs& args) {
   GemmKey key{cols, rows, inner, args.transpose_b, args.transpose_a, args.a.dtype, args.out.dtype,
               pointer_alignment({args.a.data, args.b.data, args.out.data, addend}), args.b.dtype,
               float8 ? args.scaling_a : OperandScaling::none, float8 && args.fast_accumulation};
+  // Float8: cuBLAS A is smelt's b (outer vector of N floats: one per row of b, i.e. per row of
+  // D^T), cuBLAS B is smelt's a (M floats). The reciprocals are written before the plan is built,
+  // since vector scale modes need real scale pointers during the heuristic.
+  const float* inverse_b = nullptr;
+  const float* inverse_a = nullptr;
+  if (float8) {
+    inverse_b = inverse_scales(context, args.scale_b, 0, problem);
+    inverse_a = inverse_scales(context, args.scale_a, 1, problem);
+  }
   auto& plans = static_cast<GemmCache*>(context.gemm_cache)->plans;
   auto found = plans.find(key);
-  if (found == plans.end()) found = plans.emplace(key, build_plan(context, key, problem)).first;
+  if (found == plans.end())
+    found = plans.emplace(key, build_plan(context, key, problem, inverse_b, inverse_a, addend != nullptr)).first;
   const GemmPlan& plan = *found->second;
-  if (float8) {  // cuBLAS A is smelt's b (scale per row of b: the outer vector of D's rows), B is a
-    const float* inverse_b = inverse_scales(context, args.scale_b, 0, problem);
-    const float* inverse_a = inverse_scales(context, args.scale_a, 1, problem);
-    check_cublas(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &inverse_b,
-                                                sizeof inverse_b),
-                 "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)", problem);
-    check_cublas(cublasLtMatmulDescSetAttribute(plan.operation, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &inverse_a,
-                                                sizeof inverse_a),
-                 "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)", problem);
-  }
+  if (float8) set_scale_pointers(plan.operation, inverse_b, inverse_a, problem);
   const float alpha = 1.0f, beta = addend ? 1.0f : 0.0f;
-  check_cublas(cublasLtMatmul(context.cublas, plan.operation, &alpha, args.b.data, plan.a, args.a.data, plan.b, &beta,
-                              addend ? addend : args.out.data, plan.c, args.out.data, plan.c, &plan.algorithm,
-                              context.gemm_workspace(), kCublasWorkspaceBytes, context.stream),
-               "cublasLtMatmul", problem);
+  const cublasStatus_t status =
+      cublasLtMatmul(context.cublas, plan.operation, &alpha, args.b.data, plan.a, args.a.data, plan.b, &beta,
+                     addend ? addend : args.out.data, plan.c, args.out.data, plan.c, &plan.algorithm,
+                     context.gemm_workspace(), kCublasWorkspaceBytes, context.stream);
+  if (status != CUBLAS_STATUS_SUCCESS)  // the float8 set-up is described only on failure
+    check_cublas(status, "cublasLtMatmul",
+                 float8 ? problem + " [" + describe_float8(key, addend != nullptr) + "]" : problem);
 }
 
 }  // namespace smelt::cuda

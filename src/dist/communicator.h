@@ -3,38 +3,72 @@
 // ranks as threads of one process so sharding is tested without GPUs.
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
 
 namespace smelt {
 
+enum class ReduceOp : uint8_t {
+  sum,
+  average,  // the sum divided by the world size (what data-parallel gradients and losses need)
+};
+
+// Collectives are issued in order; on a GPU they run on the communicator's own stream, each
+// starting after the work the backend had queued when it was issued. A collective returns a
+// handle; wait(handle) orders the backend's later work after it (the host does not block).
+// Synchronous implementations (the in-process one) finish before returning.
+using CollectiveHandle = int64_t;
+constexpr CollectiveHandle kNoCollective = -1;
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  // Element-wise sum over ranks, in place; every rank gets the same bits.
-  virtual void all_reduce_sum(TensorView data) = 0;
-  // Concatenates each rank's `shard` (same size everywhere) into `full`, rank order.
-  virtual void all_gather(TensorView shard, TensorView full) = 0;
-  // Sums `full` over ranks and leaves slice `rank` of the sum in `shard`.
-  virtual void reduce_scatter_sum(TensorView full, TensorView shard) = 0;
+  virtual std::string name() const = 0;  // "local threads", "nccl"
+
+  // Element-wise reduction over ranks, in place; every rank gets the same bits.
+  virtual CollectiveHandle all_reduce(TensorView data, ReduceOp op) = 0;
+  // Concatenates each rank's `shard` (same size and dtype everywhere) into `full`, rank order.
+  virtual CollectiveHandle all_gather(TensorView shard, TensorView full) = 0;
+  // Reduces `full` over ranks and leaves slice `rank` of the result in `shard` (same dtype).
+  virtual CollectiveHandle reduce_scatter(TensorView full, TensorView shard, ReduceOp op) = 0;
+  // Makes the backend's later work wait for `handle` (no-op for kNoCollective and finished ones).
+  virtual void wait(CollectiveHandle handle) = 0;
+  // Blocks the host until every issued collective has finished.
+  virtual void synchronize() = 0;
   virtual void barrier() = 0;
+
+  // Start-up only (host memory, no device buffers): every rank's `text`, in rank order.
+  virtual std::vector<std::string> exchange_text(const std::string& text) = 0;
+
+  // Synchronous shorthands (tests, start-up).
+  void all_reduce_sum(TensorView data) { wait(all_reduce(data, ReduceOp::sum)); }
+  void reduce_scatter_sum(TensorView full, TensorView shard) { wait(reduce_scatter(full, shard, ReduceOp::sum)); }
 };
 
 // A group of `world_size` in-process ranks; communicator(r) is used by the thread of rank r.
-// Reductions add in rank order, so results are deterministic and identical on every rank.
+// Reductions add in rank order (in float for f32 and bf16, rounded once; in double for f64), so
+// results are deterministic and identical on every rank. Views must be host memory.
 class LocalGroup {
  public:
   explicit LocalGroup(int world_size);
   ~LocalGroup();
   Communicator& communicator(int rank);
+  // Releases every rank waiting in a collective (they fail); for a rank that failed outside one.
+  void abandon();
 
- struct State;  // the rendezvous table the ranks share (local_communicator.cpp)
+  struct State;  // the rendezvous table the ranks share (local_communicator.cpp)
 
  private:
   std::unique_ptr<State> state_;
 };
+
+// Start-up check that every rank runs the same configuration: exchanges `config_json` (the
+// effective config as JSON) and fails (ErrorKind::config) on every rank, naming the ranks and
+// the first key whose values differ.
+void check_same_config(Communicator& communicator, const std::string& config_json);
 
 }  // namespace smelt

@@ -1,6 +1,7 @@
-// Float8 linears: recipe table, operand quantisation (amax -> scale -> cast, on the device)
-// and the three GEMMs of a linear, each in the "TN" form a float8 GEMM needs:
-// out = a @ b^T with a (M, K) and b (N, K) both K-major, so rowwise scales run along K.
+// Float8 linears: recipe table, weight and activation quantisation (amax pass, then one cast
+// pass that computes the scale and writes one or both layouts) and the three GEMMs of a linear,
+// each in the "TN" form a float8 GEMM needs: out = a @ b^T with a (M, K) and b (N, K) both
+// K-major, so rowwise scales run along K.
 #include "model/fp8_linear.h"
 
 #include <algorithm>
@@ -14,8 +15,9 @@ Float8Recipe parse_float8_recipe(const std::string& name) {
   if (name == "none") return Float8Recipe::none;
   if (name == "tensorwise") return Float8Recipe::tensorwise;
   if (name == "rowwise") return Float8Recipe::rowwise;
-  fail(ErrorKind::config, "float8.recipe: expected one of none, tensorwise, rowwise, found '" + name +
-                              "'; rowwise_with_gw_hp and blockwise are not implemented yet, pick one of the three");
+  if (name == "rowwise_with_gw_hp") return Float8Recipe::rowwise_with_gw_hp;
+  fail(ErrorKind::config, "float8.recipe: expected one of none, tensorwise, rowwise, rowwise_with_gw_hp, found '" +
+                              name + "'; blockwise is not implemented yet, pick one of the four");
 }
 
 std::string_view float8_recipe_name(Float8Recipe recipe) {
@@ -23,6 +25,7 @@ std::string_view float8_recipe_name(Float8Recipe recipe) {
     case Float8Recipe::none: return "none";
     case Float8Recipe::tensorwise: return "tensorwise";
     case Float8Recipe::rowwise: return "rowwise";
+    case Float8Recipe::rowwise_with_gw_hp: return "rowwise_with_gw_hp";
   }
   return "?";
 }
@@ -34,14 +37,20 @@ bool float8_linear_enabled(const Float8Options& options, const std::string& fqn)
   return true;
 }
 
+bool float8_gemm_enabled(Float8Recipe recipe, LinearGemm gemm) {
+  if (recipe == Float8Recipe::none) return false;
+  return !(recipe == Float8Recipe::rowwise_with_gw_hp && gemm == LinearGemm::grad_weight);
+}
+
 GemmCast float8_gemm_cast(Float8Recipe recipe, LinearGemm gemm) {
+  SMELT_CHECK(float8_gemm_enabled(recipe, gemm), "float8_gemm_cast: recipe " + std::string(float8_recipe_name(recipe)) +
+                                                     " runs this GEMM in the compute dtype");
   GemmCast cast;
-  if (recipe == Float8Recipe::rowwise) {
+  if (recipe == Float8Recipe::rowwise || recipe == Float8Recipe::rowwise_with_gw_hp) {
     const OperandCast rowwise{DType::e4m3, OperandScaling::rowwise, true};
     cast.a = cast.b = rowwise;
     return cast;
   }
-  SMELT_CHECK(recipe == Float8Recipe::tensorwise, "float8_gemm_cast needs a float8 recipe");
   const OperandCast forward{DType::e4m3, OperandScaling::tensorwise, false};
   const OperandCast gradient{DType::e5m2, OperandScaling::tensorwise, false};
   switch (gemm) {
@@ -52,60 +61,194 @@ GemmCast float8_gemm_cast(Float8Recipe recipe, LinearGemm gemm) {
   return cast;
 }
 
-Float8ScratchSizes float8_scratch_sizes(const ModelConfig& model, int64_t tokens) {
+Float8ScratchSizes float8_scratch_sizes(const ModelConfig& model, int64_t tokens, Float8Recipe recipe,
+                                        bool per_use_weights) {
   Float8ScratchSizes sizes;
+  const bool grad_weight = float8_gemm_enabled(recipe, LinearGemm::grad_weight);
+  sizes.scales = tokens;
   for (LayerWeight w : {LayerWeight::wq, LayerWeight::wk, LayerWeight::wv, LayerWeight::wo, LayerWeight::w1,
                         LayerWeight::w3, LayerWeight::w2}) {
     const auto spec = layer_weight_spec(w, model);
     const int64_t out = spec.dims[0], in = spec.dims[1];
-    // a: x (N, in), dy (N, out), dy^T (out, N); b: W (out, in), W^T (in, out), x^T (in, N).
-    sizes.operand_a = std::max(sizes.operand_a, tokens * std::max(in, out));
-    sizes.operand_b = std::max(sizes.operand_b, in * std::max(out, tokens));
-    sizes.scale_a = std::max({sizes.scale_a, tokens, out});
-    sizes.scale_b = std::max({sizes.scale_b, out, in});
+    // x (N, in) and dy (N, out); dy^T (out, N) and x^T (in, N) for the grad-weight GEMM.
+    sizes.activation = std::max(sizes.activation, tokens * std::max(in, out));
+    if (grad_weight) {
+      sizes.activation_transposed = std::max(sizes.activation_transposed, tokens * out);
+      sizes.input_transposed = std::max(sizes.input_transposed, tokens * in);
+    }
+    if (per_use_weights) sizes.weight = std::max(sizes.weight, out * in);
+    sizes.scales = std::max({sizes.scales, out, in});
   }
   return sizes;
 }
 
+namespace {
+
+constexpr int64_t kSlotAlignment = 256;  // bytes; also keeps 16-byte vector accesses aligned
+constexpr int64_t kStatisticAlignment = 4;  // floats
+
+int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+}  // namespace
+
+int64_t float8_scratch_value_bytes(const Float8ScratchSizes& sizes) {
+  return round_up(sizes.activation, kSlotAlignment) + round_up(sizes.activation_transposed, kSlotAlignment) +
+         round_up(sizes.input_transposed, kSlotAlignment) + 2 * round_up(sizes.weight, kSlotAlignment);
+}
+
+int64_t float8_scratch_statistic_floats(const Float8ScratchSizes& sizes) {
+  return 5 * 2 * round_up(sizes.scales, kStatisticAlignment);
+}
+
+Float8Scratch float8_scratch_views(const Float8ScratchSizes& sizes, const TensorView& values,
+                                   const TensorView& statistics) {
+  SMELT_CHECK(int64_t(values.bytes()) >= float8_scratch_value_bytes(sizes) &&
+                  statistics.dtype == DType::f32 && statistics.numel() >= float8_scratch_statistic_floats(sizes),
+              "float8 scratch buffers " + values.str() + " and " + statistics.str() +
+                  " smaller than float8_scratch_sizes asks for");
+  auto* bytes = static_cast<uint8_t*>(values.data);
+  auto* floats = static_cast<float*>(statistics.data);
+  const int64_t stride = round_up(sizes.scales, kStatisticAlignment);
+  int slot_index = 0;
+  auto slot = [&](int64_t count) {
+    Float8Slot s;
+    s.values = TensorView(bytes, DType::e4m3, Shape{count}, values.device);
+    s.amax = TensorView(floats + (2 * slot_index) * stride, DType::f32, Shape{sizes.scales}, statistics.device);
+    s.scale = TensorView(floats + (2 * slot_index + 1) * stride, DType::f32, Shape{sizes.scales}, statistics.device);
+    bytes += round_up(count, kSlotAlignment);
+    ++slot_index;
+    if (count == 0) s.values = TensorView();
+    return s;
+  };
+  Float8Scratch scratch;
+  scratch.activation = slot(sizes.activation);
+  scratch.activation_transposed = slot(sizes.activation_transposed);
+  scratch.input_transposed = slot(sizes.input_transposed);
+  scratch.weight = slot(sizes.weight);
+  scratch.weight_transposed = slot(sizes.weight);
+  return scratch;
+}
+
+Float8WeightLayout float8_weight_layout(const ModelConfig& model, Float8Recipe recipe,
+                                        const std::vector<std::array<bool, kLayerWeightCount>>& float8) {
+  Float8WeightLayout layout;
+  for (const auto& layer : float8) {
+    std::array<int64_t, kLayerWeightCount> values, scales;
+    values.fill(-1);
+    scales.fill(-1);
+    for (int w = 0; w < kLayerWeightCount; ++w) {
+      if (!layer[size_t(w)]) continue;
+      const auto spec = layer_weight_spec(static_cast<LayerWeight>(w), model);
+      const int64_t out = spec.dims[0], in = spec.dims[1];
+      values[size_t(w)] = layout.value_bytes;
+      scales[size_t(w)] = layout.scale_floats;
+      layout.value_bytes += round_up(2 * out * in, kSlotAlignment);
+      layout.scale_floats += round_up(float8_weight_scale_count(recipe, out, in), kStatisticAlignment);
+    }
+    layout.value_offset.push_back(values);
+    layout.scale_offset.push_back(scales);
+  }
+  return layout;
+}
+
+int64_t float8_weight_scale_count(Float8Recipe recipe, int64_t out, int64_t in) {
+  const bool rowwise = float8_gemm_cast(recipe, LinearGemm::output).b.scaling == OperandScaling::rowwise;
+  return rowwise ? out + in : 2;
+}
+
+Float8Weight float8_weight_views(Float8Recipe recipe, int64_t out, int64_t in, const TensorView& values,
+                                 const TensorView& scales) {
+  const OperandCast rows_cast = float8_gemm_cast(recipe, LinearGemm::output).b;
+  const OperandCast transposed_cast = float8_gemm_cast(recipe, LinearGemm::grad_input).b;
+  const bool rowwise = rows_cast.scaling == OperandScaling::rowwise;
+  SMELT_CHECK(values.numel() >= 2 * out * in && scales.numel() >= float8_weight_scale_count(recipe, out, in),
+              "float8 weight copy views too small for (" + std::to_string(out) + ", " + std::to_string(in) + ")");
+  auto* bytes = static_cast<uint8_t*>(values.data);
+  auto* floats = static_cast<float*>(scales.data);
+  Float8Weight w;
+  w.rows.values = TensorView(bytes, rows_cast.dtype, Shape{out, in}, values.device);
+  w.rows.scale = TensorView(floats, DType::f32, Shape{rowwise ? out : 1}, scales.device);
+  w.rows.scaling = rows_cast.scaling;
+  w.transposed.values = TensorView(bytes + out * in, transposed_cast.dtype, Shape{in, out}, values.device);
+  w.transposed.scale = TensorView(floats + (rowwise ? out : 1), DType::f32, Shape{rowwise ? in : 1}, scales.device);
+  w.transposed.scaling = transposed_cast.scaling;
+  return w;
+}
+
+void quantize_weight(Backend& backend, Float8Recipe recipe, const TensorView& weight, const Float8Weight& copy,
+                     const TensorView& amax, const TensorView& amax_transposed) {
+  const int64_t out = weight.rows(), in = weight.cols();
+  SMELT_CHECK(copy.rows.values.rows() == out && copy.rows.values.cols() == in,
+              "quantize_weight: copy of " + copy.rows.values.str() + " for weight " + weight.str());
+  const OperandCast cast = float8_gemm_cast(recipe, LinearGemm::output).b;
+  const bool rowwise = cast.scaling == OperandScaling::rowwise;
+  SMELT_CHECK(amax.numel() >= (rowwise ? out : 1) && amax_transposed.numel() >= (rowwise ? in : 1),
+              "quantize_weight: amax scratch too small for " + weight.str());
+  const TensorView row_amax(amax.data, DType::f32, Shape{rowwise ? out : 1}, amax.device);
+  const TensorView column_amax(amax_transposed.data, DType::f32, Shape{rowwise ? in : 1}, amax_transposed.device);
+  AmaxArgs a;
+  a.x = weight;
+  a.amax = row_amax;
+  a.rowwise = rowwise;
+  if (rowwise) a.column_amax = column_amax;  // tensorwise: both layouts share the tensor's amax
+  backend.amax(a);
+  QuantizeArgs q;
+  q.src = weight;
+  q.dst = copy.rows.values;
+  q.scale = copy.rows.scale;
+  q.amax = row_amax;
+  q.rowwise = rowwise;
+  q.round_scale_to_power_of_two = cast.round_scale_to_power_of_two;
+  q.dst_transposed = copy.transposed.values;
+  q.amax_transposed = rowwise ? column_amax : row_amax;
+  q.scale_transposed = copy.transposed.scale;
+  backend.quantize(q);
+}
+
+namespace {
+
+TensorView prefix(const TensorView& buffer, DType dtype, Shape shape) {
+  SMELT_CHECK(buffer.numel() * int64_t(dtype_size(buffer.dtype)) >= shape.numel() * int64_t(dtype_size(dtype)),
+              "float8 scratch " + buffer.str() + " smaller than the operand; size it with float8_scratch_sizes");
+  return TensorView(buffer.data, dtype, shape, buffer.device);
+}
+
+}  // namespace
+
 QuantizedOperand quantize_operand(Backend& backend, const TensorView& source, bool transpose, const OperandCast& cast,
-                                  const TensorView& values_scratch, const TensorView& scale_scratch) {
+                                  const Float8Slot& slot) {
   const int64_t rows = transpose ? source.cols() : source.rows();
   const int64_t cols = transpose ? source.rows() : source.cols();
   const bool rowwise = cast.scaling == OperandScaling::rowwise;
   const int64_t scale_count = rowwise ? rows : 1;
-  SMELT_CHECK(values_scratch.numel() >= rows * cols && scale_scratch.numel() >= scale_count,
-              "float8 scratch smaller than the operand " + source.str() + "; size it with float8_scratch_sizes");
   QuantizedOperand q;
-  q.values = TensorView(values_scratch.data, cast.dtype, Shape{rows, cols}, values_scratch.device);
-  q.scale = TensorView(scale_scratch.data, DType::f32, Shape{scale_count}, scale_scratch.device);
+  q.values = prefix(slot.values, cast.dtype, Shape{rows, cols});
+  q.scale = prefix(slot.scale, DType::f32, Shape{scale_count});
   q.scaling = cast.scaling;
-  AmaxArgs amax;
-  amax.x = source;
-  amax.amax = q.scale;
-  amax.rowwise = rowwise;
-  amax.transpose = transpose;
-  backend.amax(amax);
-  backend.scale_from_amax({q.scale, q.scale, cast.dtype, cast.round_scale_to_power_of_two});
+  const TensorView amax = prefix(slot.amax, DType::f32, Shape{scale_count});
+  AmaxArgs amax_args;
+  amax_args.x = source;
+  amax_args.amax = amax;
+  amax_args.rowwise = rowwise;
+  amax_args.transpose = transpose;
+  backend.amax(amax_args);
   QuantizeArgs quantize;
   quantize.src = source;
   quantize.dst = q.values;
   quantize.scale = q.scale;
+  quantize.amax = amax;
   quantize.rowwise = rowwise;
   quantize.transpose = transpose;
+  quantize.round_scale_to_power_of_two = cast.round_scale_to_power_of_two;
   backend.quantize(quantize);
   return q;
 }
 
 namespace {
 
-// out (=|+=) a_source' @ b_source'^T where ' is the transpose when asked: both quantised K-major.
-void float8_gemm(Backend& backend, const GemmCast& cast, const Float8Scratch& scratch, const TensorView& a_source,
-                 bool transpose_a_source, const TensorView& b_source, bool transpose_b_source, const TensorView& out,
-                 const TensorView& addend, bool accumulate) {
-  const QuantizedOperand a =
-      quantize_operand(backend, a_source, transpose_a_source, cast.a, scratch.operand_a, scratch.scale_a);
-  const QuantizedOperand b =
-      quantize_operand(backend, b_source, transpose_b_source, cast.b, scratch.operand_b, scratch.scale_b);
+// out (=|+=) a @ b^T (+ addend) on two quantised K-major operands.
+void float8_gemm(Backend& backend, const QuantizedOperand& a, const QuantizedOperand& b, bool fast_accumulation,
+                 const TensorView& out, const TensorView& addend, bool accumulate) {
   GemmArgs g;
   g.a = a.values;
   g.b = b.values;
@@ -117,27 +260,105 @@ void float8_gemm(Backend& backend, const GemmCast& cast, const Float8Scratch& sc
   g.scale_b = b.scale;
   g.scaling_a = a.scaling;
   g.scaling_b = b.scaling;
-  g.fast_accumulation = cast.fast_accumulation;
+  g.fast_accumulation = fast_accumulation;
   backend.gemm(g);
 }
 
 }  // namespace
 
-void float8_linear_forward(Backend& backend, Float8Recipe recipe, const Float8Scratch& scratch, const TensorView& x,
-                           const TensorView& weight, const TensorView& y, const TensorView& addend) {
+void float8_linear_forward(Backend& backend, Float8Recipe recipe, const Float8Scratch& scratch,
+                           const Float8LinearState& state, const TensorView& x, const TensorView& weight,
+                           const TensorView& y, const TensorView& addend) {
   // y (N, out) = x (N, in) @ W (out, in)^T: both already K-major.
-  float8_gemm(backend, float8_gemm_cast(recipe, LinearGemm::output), scratch, x, false, weight, false, y, addend, false);
+  const GemmCast cast = float8_gemm_cast(recipe, LinearGemm::output);
+  Float8Slot x_slot = scratch.activation;
+  // Tensorwise: x's amax goes where the grad-weight GEMM finds it again.
+  if (!state.input_amax.empty() && cast.a.scaling == OperandScaling::tensorwise) x_slot.amax = state.input_amax;
+  const QuantizedOperand qx = quantize_operand(backend, x, false, cast.a, x_slot);
+  const QuantizedOperand qw =
+      state.weight.empty() ? quantize_operand(backend, weight, false, cast.b, scratch.weight) : state.weight.rows;
+  float8_gemm(backend, qx, qw, cast.fast_accumulation, y, addend, false);
 }
 
-void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8Scratch& scratch, const TensorView& x,
-                            const TensorView& weight, const TensorView& grad_output, const TensorView& grad_input,
-                            bool accumulate_grad_input, const TensorView& grad_weight) {
-  // dx (N, in) = dy (N, out) @ (W^T (in, out))^T: K = out, so W is quantised transposed.
-  float8_gemm(backend, float8_gemm_cast(recipe, LinearGemm::grad_input), scratch, grad_output, false, weight, true,
-              grad_input, {}, accumulate_grad_input);
-  // dW (out, in) = dy^T (out, N) @ (x^T (in, N))^T: K = N, so both are quantised transposed.
-  float8_gemm(backend, float8_gemm_cast(recipe, LinearGemm::grad_weight), scratch, grad_output, true, x, true,
-              grad_weight, {}, false);
+void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8Scratch& scratch,
+                            const Float8LinearState& state, const TensorView& x, const TensorView& weight,
+                            const TensorView& grad_output, const TensorView& grad_input, bool accumulate_grad_input,
+                            const TensorView& grad_weight) {
+  const int64_t tokens = grad_output.rows(), out = grad_output.cols(), in = x.cols();
+  const GemmCast input_cast = float8_gemm_cast(recipe, LinearGemm::grad_input);
+  const bool float8_grad_weight = float8_gemm_enabled(recipe, LinearGemm::grad_weight);
+  const OperandCast dy_cast = input_cast.a;
+  const bool rowwise = dy_cast.scaling == OperandScaling::rowwise;
+
+  // dy, read twice: one amax pass (per row and, for dy^T, per column when rowwise), then one
+  // cast pass writing dy (N, out) and, when the grad-weight GEMM is in float8, dy^T (out, N).
+  QuantizedOperand dy{prefix(scratch.activation.values, dy_cast.dtype, Shape{tokens, out}),
+                      prefix(scratch.activation.scale, DType::f32, Shape{rowwise ? tokens : 1}), dy_cast.scaling};
+  const TensorView dy_amax = prefix(scratch.activation.amax, DType::f32, Shape{rowwise ? tokens : 1});
+  QuantizedOperand dy_transposed;
+  TensorView dy_transposed_amax;
+  AmaxArgs amax;
+  amax.x = grad_output;
+  amax.amax = dy_amax;
+  amax.rowwise = rowwise;
+  QuantizeArgs cast;
+  cast.src = grad_output;
+  cast.dst = dy.values;
+  cast.scale = dy.scale;
+  cast.amax = dy_amax;
+  cast.rowwise = rowwise;
+  cast.round_scale_to_power_of_two = dy_cast.round_scale_to_power_of_two;
+  if (float8_grad_weight) {
+    const OperandCast dy_t_cast = float8_gemm_cast(recipe, LinearGemm::grad_weight).a;
+    SMELT_CHECK(dy_t_cast.scaling == dy_cast.scaling && dy_t_cast.round_scale_to_power_of_two ==
+                                                            dy_cast.round_scale_to_power_of_two,
+                "float8 recipe casts dy and dy^T with different scalings; quantise them separately");
+    dy_transposed = {prefix(scratch.activation_transposed.values, dy_t_cast.dtype, Shape{out, tokens}),
+                     prefix(scratch.activation_transposed.scale, DType::f32, Shape{rowwise ? out : 1}),
+                     dy_t_cast.scaling};
+    dy_transposed_amax = rowwise ? prefix(scratch.activation_transposed.amax, DType::f32, Shape{out}) : dy_amax;
+    if (rowwise) amax.column_amax = dy_transposed_amax;
+    cast.dst_transposed = dy_transposed.values;
+    cast.amax_transposed = dy_transposed_amax;
+    cast.scale_transposed = dy_transposed.scale;
+  }
+  backend.amax(amax);
+  backend.quantize(cast);
+
+  // dx (N, in) = dy (N, out) @ (W^T (in, out))^T: K = out, so W is used transposed.
+  const QuantizedOperand w_transposed =
+      state.weight.empty() ? quantize_operand(backend, weight, true, input_cast.b, scratch.weight_transposed)
+                           : state.weight.transposed;
+  float8_gemm(backend, dy, w_transposed, input_cast.fast_accumulation, grad_input, {}, accumulate_grad_input);
+
+  if (!float8_grad_weight) {  // dW (out, in) = dy^T @ x in the compute dtype
+    GemmArgs g;
+    g.a = grad_output;
+    g.transpose_a = true;
+    g.b = x;
+    g.out = grad_weight;
+    backend.gemm(g);
+    return;
+  }
+  // dW (out, in) = dy^T (out, N) @ (x^T (in, N))^T: K = N. Tensorwise x^T takes the forward's
+  // amax of x (the same tensor, so the same scale); rowwise needs x's per-column amax.
+  const GemmCast weight_cast = float8_gemm_cast(recipe, LinearGemm::grad_weight);
+  QuantizedOperand x_transposed;
+  if (!state.input_amax.empty() && weight_cast.b.scaling == OperandScaling::tensorwise) {
+    x_transposed = {prefix(scratch.input_transposed.values, weight_cast.b.dtype, Shape{in, tokens}),
+                    prefix(scratch.input_transposed.scale, DType::f32, Shape{1}), weight_cast.b.scaling};
+    QuantizeArgs q;
+    q.src = x;
+    q.dst = x_transposed.values;
+    q.scale = x_transposed.scale;
+    q.transpose = true;
+    q.amax = state.input_amax;
+    q.round_scale_to_power_of_two = weight_cast.b.round_scale_to_power_of_two;
+    backend.quantize(q);
+  } else {
+    x_transposed = quantize_operand(backend, x, true, weight_cast.b, scratch.input_transposed);
+  }
+  float8_gemm(backend, dy_transposed, x_transposed, weight_cast.fast_accumulation, grad_weight, {}, false);
 }
 
 }  // namespace smelt

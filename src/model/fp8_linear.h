@@ -1,23 +1,27 @@
 // Float8 linear layers: the recipes (which float8 dtype and scaling each operand of a linear's
-// three GEMMs gets), the device-side quantisation of one operand into planned scratch, and the
-// forward and backward of a linear with every GEMM in float8. Scales never visit the host.
+// three GEMMs gets), the quantisation of weights (once per step) and activations (once per
+// use, both layouts from one read), and the forward and backward of a linear with its GEMMs in
+// float8. Scales never visit the host.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "model/layer_graph.h"
 #include "model/model_config.h"
 #include "ops/backend.h"
 
 namespace smelt {
 
 // torchao's recipes: tensorwise (dynamic per-tensor scales; inputs and weights e4m3,
-// gradients e5m2) and rowwise (a scale per row of the reduction dimension, e4m3 everywhere,
-// scales rounded down to powers of two).
-enum class Float8Recipe : uint8_t { none, tensorwise, rowwise };
+// gradients e5m2), rowwise (a scale per row of the reduction dimension, e4m3 everywhere,
+// scales rounded down to powers of two) and rowwise_with_gw_hp (rowwise for the output and
+// grad-input GEMMs, the grad-weight GEMM in the compute dtype).
+enum class Float8Recipe : uint8_t { none, tensorwise, rowwise, rowwise_with_gw_hp };
 
-// "none", "tensorwise", "rowwise"; any other name fails (ErrorKind::config) listing these.
+// "none", "tensorwise", "rowwise", "rowwise_with_gw_hp"; any other name fails (ErrorKind::config) listing these.
 Float8Recipe parse_float8_recipe(const std::string& name);
 std::string_view float8_recipe_name(Float8Recipe recipe);
 
@@ -48,21 +52,9 @@ struct GemmCast {
   bool fast_accumulation = false;
 };
 
+// False when the recipe runs this GEMM in the compute dtype (rowwise_with_gw_hp's grad-weight).
+bool float8_gemm_enabled(Float8Recipe recipe, LinearGemm gemm);
 GemmCast float8_gemm_cast(Float8Recipe recipe, LinearGemm gemm);
-
-// Scratch every float8 linear reuses (one set of planned buffers for the whole step).
-struct Float8Scratch {
-  TensorView operand_a;  // (largest M*K) bytes: the quantised left operand, K-major
-  TensorView operand_b;  // (largest N*K) bytes: the quantised right operand, K-major
-  TensorView scale_a;    // (largest M) f32: amax, then the scale(s) of operand a
-  TensorView scale_b;    // (largest N) f32
-};
-
-// Element counts of the scratch, over the linears of one block with N = `tokens`.
-struct Float8ScratchSizes {
-  int64_t operand_a = 0, operand_b = 0, scale_a = 0, scale_b = 0;
-};
-Float8ScratchSizes float8_scratch_sizes(const ModelConfig& model, int64_t tokens);
 
 // One quantised GEMM operand: `values` (rows, K) float8, `scale` (1) or (rows) f32.
 struct QuantizedOperand {
@@ -70,18 +62,84 @@ struct QuantizedOperand {
   OperandScaling scaling = OperandScaling::tensorwise;
 };
 
-// Quantises src (rows, cols), or src^T when `transpose`, into the scratch views: amax,
-// scale_from_amax, quantize (three backend ops on the device). The result is K-major:
-// (rows, cols), or (cols, rows) when transposed.
-QuantizedOperand quantize_operand(Backend& backend, const TensorView& source, bool transpose, const OperandCast& cast,
-                                  const TensorView& values_scratch, const TensorView& scale_scratch);
+// A weight W (out, in) in float8 for one step: `rows` is W itself (K = in, the output GEMM's b),
+// `transposed` is W^T (in, out) (K = out, the grad-input GEMM's b). Tensorwise: one scale, the
+// same in both; rowwise: one per row of each.
+struct Float8Weight {
+  QuantizedOperand rows, transposed;
+  bool empty() const { return rows.values.empty(); }
+};
 
-// y = x W^T (+ addend), both operands quantised under `recipe`.
-void float8_linear_forward(Backend& backend, Float8Recipe recipe, const Float8Scratch& scratch, const TensorView& x,
-                           const TensorView& weight, const TensorView& y, const TensorView& addend);
-// dx (=|+=) dy W ; dW = dy^T x, each GEMM with both operands quantised under `recipe`.
-void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8Scratch& scratch, const TensorView& x,
-                            const TensorView& weight, const TensorView& grad_output, const TensorView& grad_input,
-                            bool accumulate_grad_input, const TensorView& grad_weight);
+// One scratch slot: values (bytes), and the amax and scale(s) of what it holds (f32).
+struct Float8Slot {
+  TensorView values, amax, scale;
+};
+
+// Scratch every float8 linear reuses (one set of planned buffers for the whole step).
+struct Float8Scratch {
+  Float8Slot activation;             // x (N, in) or dy (N, out): the GEMMs' left operand, K-major
+  Float8Slot activation_transposed;  // dy^T (out, N): the grad-weight GEMM's left operand
+  Float8Slot input_transposed;       // x^T (in, N): the grad-weight GEMM's right operand
+  // Only when weights are not quantised once per step (sharded plans): W and W^T per use.
+  Float8Slot weight, weight_transposed;
+};
+
+// Element counts of the scratch, over the linears of one block with N = `tokens`. `per_use_weights`:
+// the weight slots are needed (no planned float8 weight copies).
+struct Float8ScratchSizes {
+  int64_t activation = 0, activation_transposed = 0, input_transposed = 0, weight = 0;  // bytes
+  int64_t scales = 0;  // floats per amax / scale view: the most rows any operand has
+};
+Float8ScratchSizes float8_scratch_sizes(const ModelConfig& model, int64_t tokens, Float8Recipe recipe,
+                                        bool per_use_weights);
+// The scratch as two planned buffers: the slots' values (bytes, each slot 256-byte aligned) and
+// their amax and scales (floats).
+int64_t float8_scratch_value_bytes(const Float8ScratchSizes& sizes);
+int64_t float8_scratch_statistic_floats(const Float8ScratchSizes& sizes);
+Float8Scratch float8_scratch_views(const Float8ScratchSizes& sizes, const TensorView& values,
+                                   const TensorView& statistics);
+
+// Where every float8 linear's weight copies (W then W^T, 256-byte aligned) and their scales
+// live in two planned buffers; -1 for linears not in float8.
+struct Float8WeightLayout {
+  std::vector<std::array<int64_t, kLayerWeightCount>> value_offset, scale_offset;
+  int64_t value_bytes = 0, scale_floats = 0;
+};
+Float8WeightLayout float8_weight_layout(const ModelConfig& model, Float8Recipe recipe,
+                                        const std::vector<std::array<bool, kLayerWeightCount>>& float8);
+
+// What one float8 linear keeps across the step besides its weight copies.
+struct Float8LinearState {
+  Float8Weight weight;   // planned copies (empty: quantised per use into the scratch weight slots)
+  TensorView input_amax; // (1) f32, tensorwise only: the forward's amax of x, reused for x^T in the
+                         // grad-weight GEMM (empty: computed again there)
+};
+
+// Quantises W (out, in) into both layouts of `copy` with one amax pass and one cast pass.
+// `amax` and `amax_transposed` are scratch of at least (out) and (in) floats.
+void quantize_weight(Backend& backend, Float8Recipe recipe, const TensorView& weight, const Float8Weight& copy,
+                     const TensorView& amax, const TensorView& amax_transposed);
+
+// Views of a weight copy over planned memory: values (2 * out * in bytes: W then W^T) and scales
+// (float8_weight_scale_count floats: W's then W^T's).
+Float8Weight float8_weight_views(Float8Recipe recipe, int64_t out, int64_t in, const TensorView& values,
+                                 const TensorView& scales);
+int64_t float8_weight_scale_count(Float8Recipe recipe, int64_t out, int64_t in);
+
+// Quantises src (rows, cols), or src^T when `transpose`, into the slot: one amax pass, one cast
+// pass with the scale computed inside it. The result is K-major: (rows, cols), or (cols, rows).
+QuantizedOperand quantize_operand(Backend& backend, const TensorView& source, bool transpose, const OperandCast& cast,
+                                  const Float8Slot& slot);
+
+// y = x W^T (+ addend), both operands in float8 under `recipe`. `weight` is the compute-dtype
+// weight (read only when state.weight is empty).
+void float8_linear_forward(Backend& backend, Float8Recipe recipe, const Float8Scratch& scratch,
+                           const Float8LinearState& state, const TensorView& x, const TensorView& weight,
+                           const TensorView& y, const TensorView& addend);
+// dx (=|+=) dy W ; dW = dy^T x. dy is read once for both of its float8 layouts.
+void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8Scratch& scratch,
+                            const Float8LinearState& state, const TensorView& x, const TensorView& weight,
+                            const TensorView& grad_output, const TensorView& grad_input, bool accumulate_grad_input,
+                            const TensorView& grad_weight);
 
 }  // namespace smelt

@@ -53,7 +53,8 @@ void linear_backward(Backend& backend, const TensorView& x, const TensorView& w,
 void linear(const LayerViews& v, const ModelContext& c, W w, const TensorView& x, const TensorView& y,
             const TensorView& addend = {}) {
   if (float8(v, c, w))
-    float8_linear_forward(c.backend, c.float8_recipe, c.float8_scratch, x, weight(v, w), y, addend);
+    float8_linear_forward(c.backend, c.float8_recipe, c.float8_scratch, v.float8_state[static_cast<int>(w)], x,
+                          weight(v, w), y, addend);
   else
     linear(c.backend, x, weight(v, w), y, addend);
 }
@@ -61,8 +62,8 @@ void linear(const LayerViews& v, const ModelContext& c, W w, const TensorView& x
 void linear_backward(const LayerViews& v, const ModelContext& c, W w, const TensorView& x, const TensorView& dy,
                      const TensorView& dx, bool accumulate_dx) {
   if (float8(v, c, w))
-    float8_linear_backward(c.backend, c.float8_recipe, c.float8_scratch, x, weight(v, w), dy, dx, accumulate_dx,
-                           weight_grad(v, w));
+    float8_linear_backward(c.backend, c.float8_recipe, c.float8_scratch, v.float8_state[static_cast<int>(w)], x,
+                           weight(v, w), dy, dx, accumulate_dx, weight_grad(v, w));
   else
     linear_backward(c.backend, x, weight(v, w), dy, dx, accumulate_dx, weight_grad(v, w));
 }

@@ -145,17 +145,29 @@ struct ConvertArgs {
 // what to multiply src by (a GEMM multiplies the result by 1/scale).
 struct AmaxArgs {
   TensorView x;       // (rows, cols)
-  TensorView amax;    // (1) or (rows) f32; (cols) when rowwise and transpose
+  TensorView amax;    // (1) or (rows) f32; (cols) when rowwise and transpose; may be empty with column_amax
   bool rowwise = false;
   bool transpose = false;  // rowwise over the rows of x^T (one amax per column of x)
+  // Optional (cols) f32: the amax of every column of x, in the same pass as `amax` (the rowwise
+  // scales of x and of x^T from one read).
+  TensorView column_amax;
 };
 
+// One read of src, up to two float8 outputs. The scale either comes in (`scale`, as computed
+// before) or is computed in the kernel from `amax` (scale = amax_to_scale(amax, dst format,
+// round_scale_to_power_of_two), written to `scale` for the GEMM): no separate scale launch.
 struct QuantizeArgs {
   TensorView src;      // (rows, cols) f32 / bf16
   TensorView dst;      // (rows, cols) e4m3 / e5m2; (cols, rows) when transpose
-  TensorView scale;    // (1) or (dst rows) f32
+  TensorView scale;    // (1) or (dst rows) f32: read, or written when `amax` is given
   bool rowwise = false;
   bool transpose = false;  // dst = quantized src^T (the K-major copy a float8 GEMM needs)
+  TensorView amax;     // optional, like `scale`: the scale is computed from it in the kernel
+  bool round_scale_to_power_of_two = false;
+  // Optional second output, written in the same pass (needs transpose = false): src^T (cols, rows)
+  // in its own float8 dtype, scaled per src column when rowwise. amax_transposed and
+  // scale_transposed are (1) or (cols) and play the roles of amax and scale for it.
+  TensorView dst_transposed, amax_transposed, scale_transposed;
 };
 
 // scale[i] = amax_to_scale(amax[i], format, round_to_power_of_two) (core/numerics.h), on the

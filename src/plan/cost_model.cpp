@@ -257,6 +257,10 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
     case StepKind::optimizer: bytes = 28 * local_parameters(), launches = 2; break;  // read p g m v, write p m v
     case StepKind::cast_weights: bytes = (4 + width) * local_parameters(); break;
     case StepKind::loss_reduce: bytes = tokens * 4; break;
+    case StepKind::all_gather:
+    case StepKind::reduce_scatter:
+    case StepKind::all_reduce_gradient_norm:
+    case StepKind::all_reduce_loss: return 0;  // communication: predict() adds it, with its overlap
   }
   const double bandwidth = c.elementwise_bytes_per_second;
   return std::max(flops / flop_rate, bytes / bandwidth) + extra_bytes / bandwidth + launches * c.kernel_launch_seconds;
@@ -300,7 +304,7 @@ PlanTime CostModel::predict(const StepPlan& plan) const {
     // its gradients reduce-scattered after; the next block's transfer overlaps this block's compute.
     const double share = (degree - 1) / degree, bandwidth = ceilings_.collective_bytes_per_second;
     const double compute_width = static_cast<double>(dtype_size(o.compute_dtype));
-    const double master_width = static_cast<double>(dtype_size(master_dtype(o.compute_dtype)));
+    const double master_width = static_cast<double>(dtype_size(o.reduce_dtype));  // gradients travel in it
     const double block = static_cast<double>(m.layer_parameters());
     const double gather = block * compute_width * share / bandwidth, scatter = block * master_width * share / bandwidth;
     for (int64_t i = 0; i < m.n_layers; ++i) {

@@ -3,6 +3,8 @@
 
 #include <cstdio>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -47,6 +49,15 @@ size_t kept_bytes(const StepPlan& plan, const LayerBuffers& lb) {
   return total;
 }
 
+// The float8 buffers by name and size, for `smelt plan` (empty list without float8 linears).
+std::vector<std::pair<std::string, size_t>> float8_buffers(const StepPlan& plan) {
+  std::vector<std::pair<std::string, size_t>> list;
+  for (int id : {plan.float8_weights, plan.float8_weight_scales, plan.float8_scratch, plan.float8_statistics,
+                 plan.float8_input_amax})
+    if (id >= 0) list.emplace_back(plan.buffers[size_t(id)].request.name, plan.buffers[size_t(id)].request.bytes);
+  return list;
+}
+
 }  // namespace
 
 std::string format_plan(const StepPlan& plan, bool list_steps) {
@@ -58,6 +69,14 @@ std::string format_plan(const StepPlan& plan, bool list_steps) {
     out << "layout:  FSDP over " << plan.options.shard_degree << " ranks (parallelism.data_parallel_shard_degree): "
         << "parameters, gradients, optimizer state and weight copies are divided by " << plan.options.shard_degree
         << "; memory below is one rank's\n";
+  if (plan.float8_scratch >= 0) {
+    out << "float8:  recipe " << float8_recipe_name(plan.options.float8.recipe)
+        << (plan.float8_weights >= 0 ? "; weights quantised once per step (after the optimizer) into W and W^T copies"
+                                     : "; weights quantised at each use (sharded plan)")
+        << "\n";
+    for (const auto& [name, bytes] : float8_buffers(plan))
+      out << "         " << name << ": " << format_bytes(bytes) << "\n";
+  }
   out << "\n";
   const auto& peak = plan.memory.live_by_class[plan.memory.peak_step];
   out << "memory by buffer class      allocated (sum of buffers)    live at the peak\n";
@@ -195,6 +214,12 @@ nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps) {
         {"bytes", total}, {"live_at_peak", plan.memory.live_by_class[plan.memory.peak_step][c]}};
   }
   j["memory"] = classes;
+  if (plan.float8_scratch >= 0) {
+    nlohmann::json float8 = {{"recipe", std::string(float8_recipe_name(plan.options.float8.recipe))},
+                             {"weights_quantised_once_per_step", plan.float8_weights >= 0}};
+    for (const auto& [name, bytes] : float8_buffers(plan)) float8["buffers"][name] = bytes;
+    j["float8"] = float8;
+  }
   if (list_steps) {
     nlohmann::json steps = nlohmann::json::array();
     for (const auto& s : plan.steps) steps.push_back({{"name", s.name()}, {"flops", s.flops}});

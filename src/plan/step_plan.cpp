@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <climits>
+#include <memory>
 
 #include "core/error.h"
+#include "plan/shard_layout.h"
 
 namespace smelt {
 
@@ -26,6 +28,14 @@ std::string Step::name() const {
     case StepKind::optimizer: return "optimizer AdamW";
     case StepKind::cast_weights: return "cast weights";
     case StepKind::loss_reduce: return "loss";
+    case StepKind::all_gather:
+    case StepKind::reduce_scatter: {
+      std::string text = kind == StepKind::all_gather ? "all-gather " : "reduce-scatter ";
+      if (layer >= 0) return text.append("layers.").append(std::to_string(layer));
+      return text.append(unit == 0 ? "tok_embeddings" : "norm+output");
+    }
+    case StepKind::all_reduce_gradient_norm: return "all-reduce gradient sum of squares";
+    case StepKind::all_reduce_loss: return "all-reduce loss";
   }
   return "?";
 }
@@ -33,8 +43,8 @@ std::string Step::name() const {
 int64_t StepPlan::parameter_count() const { return model.total_parameters(); }
 
 int64_t StepPlan::local_parameter_count() const {
-  const int64_t degree = std::max<int64_t>(1, options.shard_degree);
-  return (ParameterLayout(model).total() + degree - 1) / degree;
+  const ParameterLayout layout(model);
+  return sharded() ? ShardLayout(layout, options.shard_degree).local_total() : layout.total();
 }
 
 int64_t largest_gather_unit(const ModelConfig& model) {
@@ -120,6 +130,156 @@ Shape spec_shape(const TensorSpec& spec) {
   return spec.dims[1] == 1 ? Shape{spec.dims[0]} : Shape{spec.dims[0], spec.dims[1]};
 }
 
+// The FSDP schedule of a sharded plan (inert for unsharded ones). Weights are used in this
+// order: the embedding, blocks 0..L-1 forward, the head (norm and output, forward and backward),
+// blocks L-1..0 backward (with their recomputation). Each use reads its unit from one of two
+// gather buffers; the all-gather of use k+1 is issued before use k computes (prefetch) into the
+// other buffer, and skipped when the unit is still there (the last block, around the head).
+// Gradients: each unit's backward writes one of two buffers, alternately, and its reduce-scatter
+// follows at once, so it runs during the next unit's backward.
+class ShardScheduler {
+ public:
+  ShardScheduler(PlanBuilder& builder, StepPlan& plan) : builder_(builder), plan_(plan) {
+    if (!plan.sharded()) return;
+    layout_ = std::make_unique<ShardLayout>(ParameterLayout(plan.model), plan.options.shard_degree);
+    const int layers = static_cast<int>(plan.model.n_layers);
+    uses_.push_back(layout_->embedding_unit());
+    for (int i = 0; i < layers; ++i) uses_.push_back(layout_->block_unit(i));
+    uses_.push_back(layout_->head_unit());
+    for (int i = layers - 1; i >= 0; --i) uses_.push_back(layout_->block_unit(i));
+    std::array<int, 2> resident{-1, -1};
+    for (size_t k = 0; k < uses_.size(); ++k) {
+      const int unit = uses_[k];
+      int slot = resident[0] == unit ? 0 : resident[1] == unit ? 1 : -1;
+      gathers_.push_back(slot < 0);
+      if (slot < 0) slot = k == 0 ? 0 : 1 - slots_[k - 1];
+      resident[static_cast<size_t>(slot)] = unit;
+      slots_.push_back(slot);
+      gather_size_[static_cast<size_t>(slot)] = std::max(gather_size_[static_cast<size_t>(slot)], layout_->unit(unit).padded);
+    }
+    // Reduce-scatter order: the head, blocks L-1..0, the embedding; buffers alternate.
+    gradient_slot_.assign(layout_->units().size(), 0);
+    int next = 0;
+    auto assign = [&](int unit) {
+      gradient_slot_[static_cast<size_t>(unit)] = next;
+      gradient_size_[static_cast<size_t>(next)] = std::max(gradient_size_[static_cast<size_t>(next)], layout_->unit(unit).padded);
+      shard_size_[static_cast<size_t>(next)] = std::max(shard_size_[static_cast<size_t>(next)], layout_->unit(unit).shard);
+      next = 1 - next;
+    };
+    assign(layout_->head_unit());
+    for (int i = layers - 1; i >= 0; --i) assign(layout_->block_unit(i));
+    assign(layout_->embedding_unit());
+  }
+
+  bool active() const { return layout_ != nullptr; }
+  int64_t local_total() const { return layout_->local_total(); }
+
+  // The persistent communication buffers.
+  void add_buffers(DType compute, DType master) {
+    if (!active()) return;
+    const DType reduce = plan_.options.reduce_dtype;
+    if (reduce != DType::f32 && reduce != DType::bf16)
+      fail(ErrorKind::config, "parallelism.reduce_dtype: expected float32 or bfloat16, found " +
+                                  std::string(dtype_name(reduce)));
+    plan_.gather_current = builder_.buffer("all-gather weights (buffer 1 of 2)", compute, Shape{gather_size_[0]},
+                                           BufferClass::communication, true);
+    if (gather_size_[1] > 0)
+      plan_.gather_next = builder_.buffer("all-gather weights (buffer 2 of 2)", compute, Shape{gather_size_[1]},
+                                          BufferClass::communication, true);
+    for (int r = 0; r < 2; ++r) {
+      if (gradient_size_[r] == 0) continue;
+      const std::string which = " (buffer " + std::to_string(r + 1) + " of 2)";
+      plan_.reduce_scatter[r] = builder_.buffer("reduce-scatter gradients" + which, master, Shape{gradient_size_[r]},
+                                                BufferClass::communication, true);
+      if (reduce == DType::bf16 && master != DType::bf16) {
+        plan_.reduce_send[r] = builder_.buffer("reduce-scatter gradients, bf16 sent" + which, DType::bf16,
+                                               Shape{gradient_size_[r]}, BufferClass::communication, true);
+        plan_.reduce_receive[r] = builder_.buffer("reduce-scatter gradients, bf16 shard" + which, DType::bf16,
+                                                  Shape{shard_size_[r]}, BufferClass::communication, true);
+      }
+    }
+  }
+
+  // Before use k computes: the gather of use 0 (at k = 0) and the prefetch of use k + 1.
+  void begin_use(size_t k) {
+    if (!active()) return;
+    if (k == 0) gather(0);
+    if (k + 1 < uses_.size()) gather(k + 1);
+  }
+  // `step` as part of use k (weights from its gather buffer; -1: no weights), with its unit's
+  // gradient buffer when it writes gradients.
+  Step tag(Step step, int k, bool writes_gradients, int unit_without_weights = -1) const {
+    if (!active()) return step;
+    step.unit = k >= 0 ? uses_[static_cast<size_t>(k)] : unit_without_weights;
+    if (k >= 0) step.gathered_weights = gather_buffer(slots_[static_cast<size_t>(k)]);
+    if (writes_gradients) step.unit_gradients = plan_.reduce_scatter[static_cast<size_t>(gradient_slot_[static_cast<size_t>(step.unit)])];
+    return step;
+  }
+  void reduce_scatter(int unit) {
+    if (!active()) return;
+    Step step{StepKind::reduce_scatter, layout_->unit(unit).layer};
+    step.unit = unit;
+    step.unit_gradients = plan_.reduce_scatter[static_cast<size_t>(gradient_slot_[static_cast<size_t>(unit)])];
+    builder_.emit(step, {plan_.gradients});
+  }
+  void all_reduce(StepKind kind, int buffer) {
+    if (active()) builder_.emit({kind}, {buffer});
+  }
+  // Use indices: the embedding's forward, block i's forward, the head, block i's backward.
+  int embedding_use() const { return 0; }
+  int forward_use(int64_t layer) const { return 1 + static_cast<int>(layer); }
+  int head_use() const { return static_cast<int>(plan_.model.n_layers) + 1; }
+  int backward_use(int64_t layer) const { return 2 * static_cast<int>(plan_.model.n_layers) + 1 - static_cast<int>(layer); }
+  int embedding_unit() const { return active() ? layout_->embedding_unit() : -1; }
+  int head_unit() const { return active() ? layout_->head_unit() : -1; }
+  int block_unit(int64_t layer) const { return active() ? layout_->block_unit(layer) : -1; }
+
+ private:
+  int gather_buffer(int slot) const { return slot == 0 ? plan_.gather_current : plan_.gather_next; }
+  void gather(size_t k) {
+    if (!gathers_[k]) return;
+    const int unit = uses_[k];
+    Step step{StepKind::all_gather, layout_->unit(unit).layer};
+    step.op = static_cast<uint8_t>(static_cast<int>(k) > head_use() ? 1 : 0);  // 0: for a forward, 1: for a backward
+    step.unit = unit;
+    step.gathered_weights = gather_buffer(slots_[k]);
+    builder_.emit(step, {plan_.compute_weights >= 0 ? plan_.compute_weights : plan_.parameters});
+  }
+
+  PlanBuilder& builder_;
+  StepPlan& plan_;
+  std::unique_ptr<ShardLayout> layout_;
+  std::vector<int> uses_, slots_;
+  std::vector<bool> gathers_;
+  std::vector<int> gradient_slot_;
+  std::array<int64_t, 2> gather_size_{}, gradient_size_{}, shard_size_{};
+};
+
+// Float8 buffers: one scratch set reused by every float8 linear in turn; in unsharded plans the
+// float8 weight copies (the GEMMs' only weights, written after each optimizer step) and, for
+// tensorwise, the forward's input amax of every float8 linear.
+void add_float8_buffers(PlanBuilder& b, StepPlan& plan, int64_t tokens) {
+  const Float8Recipe recipe = plan.options.float8.recipe;
+  const bool weight_copies = !plan.sharded();
+  plan.float8_sizes = float8_scratch_sizes(plan.model, tokens, recipe, !weight_copies);
+  plan.float8_scratch = b.buffer("float8 scratch (x, dy, dy^T, x^T in e4m3/e5m2, K-major)", DType::e4m3,
+                                 Shape{float8_scratch_value_bytes(plan.float8_sizes)}, BufferClass::workspace, true);
+  plan.float8_statistics = b.buffer("float8 scratch amax and scales", DType::f32,
+                                    Shape{float8_scratch_statistic_floats(plan.float8_sizes)}, BufferClass::workspace,
+                                    true);
+  if (!weight_copies) return;
+  std::vector<std::array<bool, kLayerWeightCount>> float8;
+  for (const auto& lb : plan.layers) float8.push_back(lb.float8);
+  plan.float8_weight_layout = float8_weight_layout(plan.model, recipe, float8);
+  plan.float8_weights = b.buffer("float8 weights (W and W^T, e4m3)", DType::e4m3,
+                                 Shape{plan.float8_weight_layout.value_bytes}, BufferClass::compute_weights, true);
+  plan.float8_weight_scales = b.buffer("float8 weight scales", DType::f32, Shape{plan.float8_weight_layout.scale_floats},
+                                       BufferClass::compute_weights, true);
+  if (float8_gemm_cast(recipe, LinearGemm::output).a.scaling == OperandScaling::tensorwise)
+    plan.float8_input_amax = b.buffer("float8 input amax (forward -> grad-weight)", DType::f32,
+                                      Shape{plan.model.n_layers * kLayerWeightCount}, BufferClass::workspace, true);
+}
+
 }  // namespace
 
 StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
@@ -150,8 +310,8 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   const int64_t layers = model.n_layers;
 
   // Persistent state.
-  const int64_t degree = options.shard_degree;
-  const Shape flat{degree == 1 ? layout.total() : (layout.total() + degree - 1) / degree};
+  ShardScheduler shard(b, plan);
+  const Shape flat{shard.active() ? shard.local_total() : layout.total()};
   const DType master = master_dtype(compute), statistics = statistics_dtype(compute);
   plan.parameters = b.buffer("parameters (master)", master, flat, BufferClass::parameters, true);
   plan.gradients = b.buffer("gradients", master, flat, BufferClass::gradients, true);
@@ -160,12 +320,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   if (compute != master)
     plan.compute_weights = b.buffer(std::string("weights (") + std::string(dtype_name(compute)) + " copy)", compute, flat,
                                     BufferClass::compute_weights, true);
-  if (degree > 1) {
-    const Shape unit{largest_gather_unit(model)};
-    plan.gather_current = b.buffer("all-gather weights (current unit)", compute, unit, BufferClass::communication, true);
-    plan.gather_next = b.buffer("all-gather weights (prefetched unit)", compute, unit, BufferClass::communication, true);
-    plan.reduce_scatter = b.buffer("reduce-scatter gradients (one unit)", master, unit, BufferClass::communication, true);
-  }
+  shard.add_buffers(compute, master);
   plan.tokens = b.buffer("input tokens", DType::i32, Shape{tokens}, BufferClass::data, true);
   plan.targets = b.buffer("target tokens", DType::i32, Shape{tokens}, BufferClass::data, true);
   plan.rope_frequencies = b.buffer("rope frequencies", DType::f32, Shape{shape.seq_len, model.head_dim() / 2, 2},
@@ -227,18 +382,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
     }
   }
 
-  // Float8 scratch: one set for the step, reused by every float8 linear in turn.
-  if (any_float8) {
-    const Float8ScratchSizes sizes = float8_scratch_sizes(model, tokens);
-    plan.float8_operand_a = b.buffer("float8 operand a (e4m3/e5m2, K-major)", DType::e4m3, Shape{sizes.operand_a},
-                                     BufferClass::workspace, true);
-    plan.float8_operand_b = b.buffer("float8 operand b (e4m3/e5m2, K-major)", DType::e4m3, Shape{sizes.operand_b},
-                                     BufferClass::workspace, true);
-    plan.float8_scale_a = b.buffer("float8 scales a (amax, then scale)", DType::f32, Shape{sizes.scale_a},
-                                   BufferClass::workspace, true);
-    plan.float8_scale_b = b.buffer("float8 scales b (amax, then scale)", DType::f32, Shape{sizes.scale_b},
-                                   BufferClass::workspace, true);
-  }
+  if (any_float8) add_float8_buffers(b, plan, tokens);
 
   // Output head buffers.
   const int64_t chunk = std::max<int64_t>(1, std::min(options.loss_chunk_tokens, tokens));
@@ -253,37 +397,45 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   plan.losses = b.buffer("per-token losses", statistics, Shape{tokens}, BufferClass::loss);
 
   // Forward.
-  b.emit({StepKind::embedding_forward}, {plan.tokens, plan.residual[0]});
+  shard.begin_use(shard.embedding_use());
+  b.emit(shard.tag({StepKind::embedding_forward}, shard.embedding_use(), false), {plan.tokens, plan.residual[0]});
   for (int64_t i = 0; i < layers; ++i) {
     const auto& lb = plan.layers[i];
+    shard.begin_use(shard.forward_use(i));
     for (int op = 0; op < kForwardOpCount; ++op) {
       const auto& info = forward_op_info(static_cast<ForwardOp>(op));
       std::vector<int> ids;
       for (Activation a : info.inputs) ids.push_back(lb.forward[static_cast<int>(a)]);
       for (Activation a : info.outputs) ids.push_back(lb.forward[static_cast<int>(a)]);
-      b.emit({StepKind::layer_forward, static_cast<int>(i), static_cast<uint8_t>(op),
-              forward_op_flops(static_cast<ForwardOp>(op), model, shape)},
+      b.emit(shard.tag({StepKind::layer_forward, static_cast<int>(i), static_cast<uint8_t>(op),
+                        forward_op_flops(static_cast<ForwardOp>(op), model, shape)},
+                       shard.forward_use(i), false),
              ids);
     }
   }
   const double head_flops = 6.0 * static_cast<double>(tokens * model.dim * model.vocab_size);
-  b.emit({StepKind::final_norm_forward}, {plan.residual[layers], plan.final_norm_out, plan.final_rstd});
-  b.emit({StepKind::output_head, -1, 0, head_flops},
+  shard.begin_use(shard.head_use());
+  b.emit(shard.tag({StepKind::final_norm_forward}, shard.head_use(), false),
+         {plan.residual[layers], plan.final_norm_out, plan.final_rstd});
+  b.emit(shard.tag({StepKind::output_head, -1, 0, head_flops}, shard.head_use(), true),
          {plan.final_norm_out, plan.targets, plan.logits, plan.grad_logits, plan.losses, plan.final_norm_out_grad});
-  b.emit({StepKind::final_norm_backward},
+  b.emit(shard.tag({StepKind::final_norm_backward}, shard.head_use(), true),
          {plan.residual[layers], plan.final_rstd, plan.final_norm_out_grad, plan.residual_gradient});
+  shard.reduce_scatter(shard.head_unit());
 
   // Backward, block by block, each preceded by its recomputation.
   for (int64_t i = layers - 1; i >= 0; --i) {
     const auto& lb = plan.layers[i];
+    shard.begin_use(shard.backward_use(i));
     for (int op = 0; op < kForwardOpCount; ++op) {
       if (!lb.recomputed[op]) continue;
       const auto& info = forward_op_info(static_cast<ForwardOp>(op));
       std::vector<int> ids;
       for (Activation a : info.inputs) ids.push_back(lb.backward[static_cast<int>(a)]);
       for (Activation a : info.outputs) ids.push_back(lb.backward[static_cast<int>(a)]);
-      b.emit({StepKind::layer_recompute, static_cast<int>(i), static_cast<uint8_t>(op),
-              forward_op_flops(static_cast<ForwardOp>(op), model, shape)},
+      b.emit(shard.tag({StepKind::layer_recompute, static_cast<int>(i), static_cast<uint8_t>(op),
+                        forward_op_flops(static_cast<ForwardOp>(op), model, shape)},
+                       shard.backward_use(i), false),
              ids);
     }
     for (int op = 0; op < kBackwardOpCount; ++op) {
@@ -292,16 +444,24 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
       for (Activation a : info.reads) ids.push_back(lb.backward[static_cast<int>(a)]);
       for (Gradient g : info.gradient_reads) ids.push_back(lb.gradient[static_cast<int>(g)]);
       for (Gradient g : info.gradient_writes) ids.push_back(lb.gradient[static_cast<int>(g)]);
-      b.emit({StepKind::layer_backward, static_cast<int>(i), static_cast<uint8_t>(op),
-              backward_op_flops(static_cast<BackwardOp>(op), model, shape)},
+      b.emit(shard.tag({StepKind::layer_backward, static_cast<int>(i), static_cast<uint8_t>(op),
+                        backward_op_flops(static_cast<BackwardOp>(op), model, shape)},
+                       shard.backward_use(i), true),
              ids);
     }
+    shard.reduce_scatter(shard.block_unit(i));
   }
-  b.emit({StepKind::embedding_backward}, {plan.tokens, plan.residual_gradient});
+  b.emit(shard.tag({StepKind::embedding_backward}, -1, true, shard.embedding_unit()), {plan.tokens, plan.residual_gradient});
+  shard.reduce_scatter(shard.embedding_unit());
   b.emit({StepKind::gradient_norm}, {plan.gradients, plan.grad_sum_squares});
+  shard.all_reduce(StepKind::all_reduce_gradient_norm, plan.grad_sum_squares);
   // The optimizer also writes the compute copy of the weights (the cast is fused into it).
   b.emit({StepKind::optimizer}, {plan.parameters, plan.gradients, plan.exp_avg, plan.exp_avg_sq, plan.compute_weights});
+  if (plan.float8_weights >= 0)  // the float8 weight copies of the next step, from the updated weights
+    b.emit({StepKind::cast_weights}, {plan.compute_weights >= 0 ? plan.compute_weights : plan.parameters,
+                                      plan.float8_weights, plan.float8_weight_scales, plan.float8_statistics});
   b.emit({StepKind::loss_reduce}, {plan.losses, plan.loss});
+  shard.all_reduce(StepKind::all_reduce_loss, plan.loss);
   b.finish();
   return plan;
 }

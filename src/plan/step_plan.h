@@ -25,8 +25,14 @@ enum class StepKind : uint8_t {
   embedding_backward,
   gradient_norm,        // sum of squares of all gradients
   optimizer,            // clip + AdamW over the flat parameter range
-  cast_weights,         // fp32 master -> compute copies (when the compute dtype is not f32)
+  cast_weights,         // compute copies -> float8 weight copies, after the optimizer (the fp32 ->
+                        // compute-dtype cast itself is fused into the optimizer step)
   loss_reduce,          // mean of per-token losses
+  // Sharded plans only (PlanOptions::shard_degree > 1); `unit` names the ShardLayout unit.
+  all_gather,           // one unit's weights, compute dtype, from every rank's shard into a gather buffer
+  reduce_scatter,       // one unit's gradients, averaged over ranks, into this rank's gradient shard
+  all_reduce_gradient_norm,  // the local sums of squares, summed over ranks
+  all_reduce_loss,      // the local mean losses, averaged over ranks
 };
 
 struct Step {
@@ -34,7 +40,12 @@ struct Step {
   int layer = -1;       // for layer steps
   uint8_t op = 0;       // ForwardOp for forward / recompute, BackwardOp for backward
   double flops = 0;     // matmul + attention FLOPs
-  std::string name() const;  // "forward layers.3.attention.wq"
+  // Sharded plans only (-1 otherwise): the unit the step works on, the buffer holding that unit's
+  // gathered weights and the one receiving its unsharded gradients (compute steps read and write
+  // their weights and gradients there instead of the flat buffers).
+  int unit = -1;
+  int gathered_weights = -1, unit_gradients = -1;
+  std::string name() const;  // "forward layers.3.attention.wq", "all-gather layers.3"
 };
 
 struct PlanOptions {
@@ -50,6 +61,12 @@ struct PlanOptions {
   // divided by it, and all-gather / reduce-scatter buffers hold one unit's weights.
   // 1 (one device) leaves the plan exactly as without sharding.
   int64_t shard_degree = 1;
+  // Sharded plans: the dtype gradients travel in during the reduce-scatter (f32 or bf16); the
+  // shards the optimizer reads stay f32.
+  DType reduce_dtype = DType::f32;
+  // The FSDP schedule even with shard_degree 1 (collectives over one rank): measures what the
+  // sharding machinery costs on one GPU, and tests it against the unsharded plan.
+  bool shard_single_rank = false;
   // Float8 linears ([float8] recipe and filter_fqns); recipe none leaves the plan as without.
   Float8Options float8;
 };
@@ -83,12 +100,22 @@ struct StepPlan {
   int tokens = -1, targets = -1, rope_frequencies = -1, workspace = -1;
   int final_norm_out = -1, final_rstd = -1, final_norm_out_grad = -1, residual_gradient = -1;
   int logits = -1, grad_logits = -1, losses = -1, loss = -1, grad_sum_squares = -1;
-  // Sharded plans only (-1 otherwise): gathered weights (current unit and the prefetched
-  // next one) and the unsharded gradients of one unit before its reduce-scatter.
-  int gather_current = -1, gather_next = -1, reduce_scatter = -1;
-  // Float8 plans only (-1 otherwise): quantised operands and their scales, one set reused by
-  // every float8 linear (see Float8Scratch).
-  int float8_operand_a = -1, float8_operand_b = -1, float8_scale_a = -1, float8_scale_b = -1;
+  // Sharded plans only (-1 otherwise): two gather buffers used alternately (a unit's weights, and
+  // the next unit's arriving meanwhile), two buffers of unsharded gradients used alternately (a
+  // unit's backward writes one while the other's reduce-scatter is in flight), and with a bf16
+  // reduce dtype the bf16 copies sent and the bf16 shards received, one per gradient buffer.
+  // Each is sized by the largest unit that passes through it.
+  int gather_current = -1, gather_next = -1;
+  std::array<int, 2> reduce_scatter{-1, -1}, reduce_send{-1, -1}, reduce_receive{-1, -1};
+  // Float8 plans only (-1 otherwise): the scratch every float8 linear reuses in turn (x, dy, dy^T,
+  // x^T; per-use weight copies in sharded plans) and its amax and scales (see Float8Scratch).
+  // Unsharded plans also keep every float8 linear's weight in float8 (W and W^T, quantised once per
+  // step by the cast_weights step after the optimizer, placed by float8_weight_layout) and, for
+  // tensorwise, each linear's input amax from the forward (reused by its grad-weight GEMM).
+  int float8_scratch = -1, float8_statistics = -1;
+  int float8_weights = -1, float8_weight_scales = -1, float8_input_amax = -1;
+  Float8ScratchSizes float8_sizes;
+  Float8WeightLayout float8_weight_layout;
   MemoryPlan memory;
 
   int64_t parameter_count() const;
@@ -96,6 +123,7 @@ struct StepPlan {
   double recompute_flops() const;
   size_t bytes_of(BufferClass kind) const;  // sum of buffer sizes of a class (not packed)
   int64_t local_parameter_count() const;    // this rank's shard of the flat parameters
+  bool sharded() const { return options.shard_degree > 1 || options.shard_single_rank; }
 };
 
 // Parameters of the largest unit FSDP gathers at once: one block, the embedding or the output head.

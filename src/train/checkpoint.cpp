@@ -176,9 +176,9 @@ void CheckpointWriter::save(Executor& executor, const TrainingProgress& progress
   if (exp_avg.dtype != DType::f32 || exp_avg_sq.dtype != DType::f32)
     fail(ErrorKind::config, "checkpoints hold fp32 AdamW moments, found " + std::string(dtype_name(exp_avg.dtype)) +
                                 "; use fp32 master weights or disable checkpoint.enable");
+  // Whole-model arrays; collective when sharded (the other ranks take part: Trainer, take_part_in_checkpoint).
   executor.read_parameters(staging_.data());
-  executor.backend().copy_to_host(staging_.data() + total, exp_avg);
-  executor.backend().copy_to_host(staging_.data() + 2 * total, exp_avg_sq);
+  executor.read_optimizer_state(staging_.data() + total, staging_.data() + 2 * total);
   for (int64_t i = 0; i < total; ++i)
     if (!std::isfinite(staging_[static_cast<size_t>(i)]))
       fail(ErrorKind::internal, "refusing to checkpoint step " + std::to_string(progress.step) + ": parameter " +

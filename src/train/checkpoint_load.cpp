@@ -180,8 +180,7 @@ void restore_checkpoint(Executor& executor, const LoadedCheckpoint& checkpoint) 
   if (exp_avg.dtype != DType::f32 || exp_avg_sq.dtype != DType::f32)
     fail(ErrorKind::config, "checkpoints hold fp32 AdamW moments; this run keeps them in " +
                                 std::string(dtype_name(exp_avg.dtype)) + "; use fp32 master weights");
-  executor.backend().copy_to_device(exp_avg, checkpoint.exp_avg.data());
-  executor.backend().copy_to_device(exp_avg_sq, checkpoint.exp_avg_sq.data());
+  executor.load_optimizer_state(checkpoint.exp_avg.data(), checkpoint.exp_avg_sq.data());  // this rank's shards when sharded
 }
 
 }  // namespace smelt

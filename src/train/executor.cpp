@@ -8,19 +8,17 @@
 
 namespace smelt {
 
-Executor::Executor(const StepPlan& plan, Backend& backend)
+Executor::Executor(const StepPlan& plan, Backend& backend, Communicator* communicator)
     : plan_(plan),
       backend_(backend),
       layout_(plan.model),
       arena_(std::make_unique<Arena>(backend.memory(), plan.memory.arena_bytes)),
-      context_{plan_.model, plan.options.shape, backend, TensorView(), Float8Recipe::none, Float8Scratch{}} {
+      context_{plan_.model, plan.options.shape, backend, TensorView(), Float8Recipe::none, Float8Scratch{}},
+      communicator_(communicator) {
+  setup_sharding();
   context_.rope_frequencies = view(plan_.rope_frequencies);
   if (plan_.workspace >= 0) backend_.set_workspace(view(plan_.workspace));
-  if (plan_.float8_operand_a >= 0) {
-    context_.float8_recipe = plan_.options.float8.recipe;
-    context_.float8_scratch = {view(plan_.float8_operand_a), view(plan_.float8_operand_b), view(plan_.float8_scale_a),
-                               view(plan_.float8_scale_b)};
-  }
+  setup_float8();
   std::vector<float> rope(static_cast<size_t>(view(plan_.rope_frequencies).numel()));
   rope_frequencies(plan_.model, plan_.options.shape.seq_len, rope.data());
   backend_.copy_to_device(view(plan_.rope_frequencies), rope.data());
@@ -31,15 +29,22 @@ TensorView Executor::view(int buffer) const {
   return arena_->view(plan_.memory.offsets[static_cast<size_t>(buffer)], b.dtype, b.shape);
 }
 
-TensorView Executor::weight_view(const ParameterInfo& info) const {
+TensorView Executor::weight_view(const ParameterInfo& info, const Step& step) const {
+  if (sharded()) return unit_view(step.gathered_weights, info, step);
   return ParameterLayout::slice(view(plan_.compute_weights >= 0 ? plan_.compute_weights : plan_.parameters), info);
 }
 
-TensorView Executor::grad_view(const ParameterInfo& info) const {
+TensorView Executor::grad_view(const ParameterInfo& info, const Step& step) const {
+  if (sharded()) return unit_view(step.unit_gradients, info, step);
   return ParameterLayout::slice(view(plan_.gradients), info);
 }
 
 void Executor::load_parameters(const float* host) {
+  if (sharded()) {
+    scatter_to_shards(host, plan_.parameters);
+    if (plan_.compute_weights >= 0) backend_.convert({view(plan_.parameters), view(plan_.compute_weights)});
+    return;
+  }
   TensorView parameters = view(plan_.parameters);
   if (parameters.dtype == DType::f64) {  // f64 master weights (finite-difference tests)
     std::vector<double> wide(host, host + parameters.numel());
@@ -48,9 +53,12 @@ void Executor::load_parameters(const float* host) {
     backend_.copy_to_device(parameters, host);
   }
   if (plan_.compute_weights >= 0) backend_.convert({view(plan_.parameters), view(plan_.compute_weights)});
+  quantize_float8_weights();
 }
 
 void Executor::read_parameters(float* host) {
+  if (sharded()) return gather_from_shards(plan_.parameters, host);
+  if (!host) return;
   TensorView parameters = view(plan_.parameters);
   if (parameters.dtype == DType::f64) {
     std::vector<double> wide(static_cast<size_t>(parameters.numel()));
@@ -82,27 +90,28 @@ LayerViews Executor::layer_views(const Step& step) const {
     v.residual_gradient = view(plan_.residual_gradient);
   }
   v.float8 = lb.float8;
+  v.float8_state = float8_states(step.layer);
   for (int w = 0; w < kLayerWeightCount; ++w) {
     const auto& info = layout_.layer(step.layer, static_cast<LayerWeight>(w));
-    v.weight[w] = weight_view(info);
-    v.weight_grad[w] = grad_view(info);
+    v.weight[w] = weight_view(info, step);
+    v.weight_grad[w] = grad_view(info, step);
   }
   return v;
 }
 
-HeadViews Executor::head_views() const {
+HeadViews Executor::head_views(const Step& step) const {
   HeadViews v;
   v.tokens = view(plan_.tokens);
   v.targets = view(plan_.targets);
-  v.embedding = weight_view(layout_.embedding());
-  v.embedding_grad = grad_view(layout_.embedding());
+  v.embedding = weight_view(layout_.embedding(), step);
+  v.embedding_grad = grad_view(layout_.embedding(), step);
   v.final_input = view(plan_.residual.back());
-  v.final_norm_weight = weight_view(layout_.final_norm());
-  v.final_norm_grad = grad_view(layout_.final_norm());
+  v.final_norm_weight = weight_view(layout_.final_norm(), step);
+  v.final_norm_grad = grad_view(layout_.final_norm(), step);
   v.final_norm_out = view(plan_.final_norm_out);
   v.final_rstd = view(plan_.final_rstd);
-  v.output_weight = weight_view(layout_.output());
-  v.output_grad = grad_view(layout_.output());
+  v.output_weight = weight_view(layout_.output(), step);
+  v.output_grad = grad_view(layout_.output(), step);
   v.logits = view(plan_.logits);
   v.grad_logits = view(plan_.grad_logits);
   v.final_norm_out_grad = view(plan_.final_norm_out_grad);
@@ -113,15 +122,16 @@ HeadViews Executor::head_views() const {
 }
 
 void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
+  if (sharded()) wait_for_buffers(step);
   switch (step.kind) {
-    case StepKind::embedding_forward: embedding_forward(head_views(), context_); return;
+    case StepKind::embedding_forward: embedding_forward(head_views(step), context_); return;
     case StepKind::layer_forward:
     case StepKind::layer_recompute: run_forward_op(static_cast<ForwardOp>(step.op), layer_views(step), context_); return;
-    case StepKind::final_norm_forward: final_norm_forward(head_views(), context_); return;
-    case StepKind::output_head: output_head(head_views(), context_); return;
-    case StepKind::final_norm_backward: final_norm_backward(head_views(), context_); return;
+    case StepKind::final_norm_forward: final_norm_forward(head_views(step), context_); return;
+    case StepKind::output_head: output_head(head_views(step), context_); return;
+    case StepKind::final_norm_backward: final_norm_backward(head_views(step), context_); return;
     case StepKind::layer_backward: run_backward_op(static_cast<BackwardOp>(step.op), layer_views(step), context_); return;
-    case StepKind::embedding_backward: embedding_backward(head_views(), context_); return;
+    case StepKind::embedding_backward: embedding_backward(head_views(step), context_); return;
     case StepKind::gradient_norm: backend_.sum_squares({view(plan_.gradients), view(plan_.grad_sum_squares), false}); return;
     case StepKind::optimizer: {
       AdamwArgs a;
@@ -141,8 +151,12 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
       backend_.adamw(a);
       return;
     }
-    case StepKind::cast_weights: backend_.convert({view(plan_.parameters), view(plan_.compute_weights)}); return;
+    case StepKind::cast_weights: quantize_float8_weights(); return;
     case StepKind::loss_reduce: backend_.mean({view(plan_.losses), view(plan_.loss)}); return;
+    case StepKind::all_gather:
+    case StepKind::reduce_scatter:
+    case StepKind::all_reduce_gradient_norm:
+    case StepKind::all_reduce_loss: run_collective(step); return;
   }
   SMELT_CHECK(false, "unknown step kind");
 }
@@ -190,7 +204,7 @@ void Executor::run_steps(bool updates, const OptimizerSettings& optimizer) {
 }
 
 void Executor::run_gradients(const OptimizerSettings& optimizer) {
-  const bool use_graph = graph_wanted_ && !graph_failed_ && !timing_;
+  const bool use_graph = graph_wanted_ && !graph_failed_ && !timing_ && !sharded();  // collectives stay eager
   if (!use_graph || (!graph_captured_ && eager_runs_ < 1)) {
     ++eager_runs_;  // the first step runs eagerly: library caches and plans get built
     run_steps(false, optimizer);
@@ -224,8 +238,10 @@ void Executor::run_update(const OptimizerSettings& optimizer) { run_steps(true, 
 void Executor::run_loss(const OptimizerSettings& optimizer) {
   for (size_t i = 0; i < plan_.steps.size(); ++i) {
     const StepKind kind = plan_.steps[i].kind;
+    const bool forward_gather = kind == StepKind::all_gather && plan_.steps[i].op == 0;
     if (kind == StepKind::embedding_forward || kind == StepKind::layer_forward ||
-        kind == StepKind::final_norm_forward || kind == StepKind::output_head || kind == StepKind::loss_reduce)
+        kind == StepKind::final_norm_forward || kind == StepKind::output_head || kind == StepKind::loss_reduce ||
+        forward_gather || kind == StepKind::all_reduce_loss)
       run_indexed(i, optimizer);
   }
 }

@@ -5,7 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "dist/communicator.h"
 #include "model/llama_ops.h"
+#include "plan/shard_layout.h"
 #include "plan/step_plan.h"
 
 namespace smelt {
@@ -18,7 +20,10 @@ struct OptimizerSettings {
 class Executor {
  public:
   // Allocates the arena (the run's one allocation) from the backend's memory resource.
-  Executor(const StepPlan& plan, Backend& backend);
+  // A sharded plan (shard_degree N > 1) needs a communicator of N ranks; this executor then holds
+  // this rank's shards and runs the plan's collectives through it. Without one (or with one
+  // rank) the plan must be unsharded and the executor is the single-device one.
+  Executor(const StepPlan& plan, Backend& backend, Communicator* communicator = nullptr);
 
   const StepPlan& plan() const { return plan_; }
   Backend& backend() { return backend_; }
@@ -27,9 +32,19 @@ class Executor {
   const ParameterLayout& layout() const { return layout_; }
 
   // Host-side setup: parameters (fp32, total() floats), zeroed optimizer state, rope table.
+  // Sharded: load_parameters takes the whole model and keeps this rank's shards; the read
+  // functions are collective (every rank calls them in the same order; a rank that only takes
+  // part passes null) and return the whole model.
   void load_parameters(const float* host);
   void read_parameters(float* host);
   void reset_optimizer_state();
+  void load_optimizer_state(const float* exp_avg, const float* exp_avg_sq);
+  void read_optimizer_state(float* exp_avg, float* exp_avg_sq);
+
+  // Sharding (null / false for a single device).
+  bool sharded() const { return shard_layout_ != nullptr; }
+  Communicator* communicator() const { return communicator_; }
+  const ShardLayout* shard_layout() const { return shard_layout_.get(); }
 
   // Copies a batch (N ids each) into the token buffers.
   void load_batch(const int32_t* inputs, const int32_t* targets);
@@ -64,15 +79,37 @@ class Executor {
   void run_indexed(size_t index, const OptimizerSettings& optimizer);
   void run_steps(bool updates, const OptimizerSettings& optimizer);
   LayerViews layer_views(const Step& step) const;
-  HeadViews head_views() const;
-  TensorView weight_view(const ParameterInfo& info) const;  // compute dtype
-  TensorView grad_view(const ParameterInfo& info) const;
+  HeadViews head_views(const Step& step) const;
+  // Where `step` reads parameter `info` (compute dtype) and writes its gradient: the flat
+  // buffers, or in a sharded plan the step's unit buffers (empty when not in the step's unit).
+  TensorView weight_view(const ParameterInfo& info, const Step& step) const;
+  TensorView grad_view(const ParameterInfo& info, const Step& step) const;
+  TensorView unit_view(int buffer, const ParameterInfo& info, const Step& step) const;
+
+  // Float8 (executor_float8.cpp): the scratch in the model context, each float8 linear's weight
+  // copies and saved amax, and the cast of the weight copies from the compute weights.
+  void setup_float8();
+  std::array<Float8LinearState, kLayerWeightCount> float8_states(int layer) const;
+  void quantize_float8_weights();
+
+  // Sharded execution (executor_sharded.cpp).
+  void setup_sharding();  // checks the communicator against the plan
+  void run_collective(const Step& step);
+  void wait_for_buffers(const Step& step);
+  void finish_receive(int slot);
+  void finish_collectives();
+  void scatter_to_shards(const float* host, int buffer);
+  void gather_from_shards(int buffer, float* host);
 
   const StepPlan& plan_;
   Backend& backend_;
   ParameterLayout layout_;
   std::unique_ptr<Arena> arena_;
   ModelContext context_;
+  Communicator* communicator_ = nullptr;
+  std::unique_ptr<ShardLayout> shard_layout_;     // sharded plans only
+  std::vector<CollectiveHandle> pending_;         // per buffer: the collective its users must wait for
+  std::array<int, 2> receiving_unit_{-1, -1};     // bf16 reduce: the unit whose shard each receive buffer awaits
   bool timing_ = false;
   bool graph_wanted_ = false, graph_captured_ = false, graph_failed_ = false;
   int eager_runs_ = 0;

@@ -32,6 +32,12 @@ void MetricsLog::write(const StepMetrics& m) {
   j["memory_gib"] = m.memory_gib;
   j["elapsed_seconds"] = m.elapsed_seconds;
   if (m.validation_loss >= 0) j["validation_loss"] = m.validation_loss;
+  if (m.communication_bytes >= 0) {
+    j["ranks"] = m.ranks;
+    j["gather_dtype"] = m.gather_dtype;
+    j["reduce_dtype"] = m.reduce_dtype;
+    j["communication_bytes"] = m.communication_bytes;
+  }
   file_ << j.dump() << '\n';
   file_.flush();
 }

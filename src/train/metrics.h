@@ -21,6 +21,11 @@ struct StepMetrics {
   double memory_gib = 0;      // arena size
   double elapsed_seconds = 0;
   double validation_loss = -1;  // < 0 when not measured at this step
+  // Sharded runs (empty / < 0 otherwise): per GPU, the dtypes weights are gathered and gradients
+  // reduced in, and the bytes the step's all-gathers and reduce-scatters hold.
+  std::string gather_dtype, reduce_dtype;
+  double communication_bytes = -1;
+  int64_t ranks = 1;
 };
 
 class MetricsLog {

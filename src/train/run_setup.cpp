@@ -74,7 +74,9 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   o.float8.filter_fqns = config.float8.filter_fqns;
   const WorkspaceShape ws = workspace_shape(setup.model, o);
   o.backend_workspace_bytes = backend ? backend->workspace_bytes(ws) : estimated_workspace_bytes(config.job.device, ws);
-  if (!backend) o.shard_degree = config.parallelism.data_parallel_shard_degree;
+  o.shard_degree = config.parallelism.data_parallel_shard_degree;
+  o.reduce_dtype = parse_dtype(config.parallelism.reduce_dtype);
+  o.shard_single_rank = config.parallelism.shard_single_rank;
 
   // The device, its memory and the budget; the cost model.
   const bool cuda = config.job.device == "cuda";

@@ -42,8 +42,8 @@ double default_memory_budget(double device_memory_bytes);
 // `need_tokenizer` false (planning) skips loading it when the model's vocabulary is known.
 // The automatic policy is resolved here (keep-sets under the budget, or Error(ErrorKind::memory)
 // with the breakdown and the smallest change that fits); so is an explicit budget for fixed policies.
-// Without a backend (planning), plan_options carry parallelism.data_parallel_shard_degree; a run on
-// a backend plans one unsharded device until the FSDP executor exists.
+// plan_options carry the [parallelism] layout: a sharded plan is per rank, and its executor needs
+// a communicator of data_parallel_shard_degree ranks (the trainer makes one from the environment).
 RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_tokenizer = true,
                      const PlanTarget& target = {});
 

@@ -19,6 +19,7 @@
 #include "train/model_weights.h"
 #include "train/run_setup.h"
 #include "train/step_guard.h"
+#include "train/trainer_ranks.h"
 
 namespace smelt {
 
@@ -47,11 +48,32 @@ double validation_loss(Executor& executor, DataLoader& loader, int64_t batches, 
   return total / static_cast<double>(std::max<int64_t>(1, batches));
 }
 
+// Rank 0's checkpoint settings as they are; the other ranks write nothing and load what rank 0
+// resumes from (checkpoint.load, or the newest checkpoint in its folder).
+JobConfig checkpoint_config_for_rank(const JobConfig& config, const RunRanks& ranks, const std::string& run_folder) {
+  if (ranks.world_size <= 1) return config;
+  std::string source;
+  if (ranks.leader()) {
+    source = resolve_run_path(run_folder, config.checkpoint.load, "checkpoint.load");
+    if (source.empty() && config.checkpoint.enable)
+      source = find_newest_checkpoint(resolve_run_path(run_folder, config.checkpoint.folder, "checkpoint.folder"));
+  }
+  source = ranks.communicator->exchange_text(source).at(0);
+  if (ranks.leader()) return config;
+  JobConfig follower = config;
+  follower.checkpoint.enable = false;
+  follower.checkpoint.load = source;
+  return follower;
+}
+
 }  // namespace
 
-TrainResult train(const JobConfig& config, std::ostream& log) {
+TrainResult train(const JobConfig& config, std::ostream& log, Communicator* communicator) {
   using clock = std::chrono::steady_clock;
-  auto backend = make_backend(config.job.device);
+  const LaunchEnvironment environment = read_launch_environment();
+  auto backend = make_backend(config.job.device, communicator ? 0 : environment.local_rank);
+  const RunRanks ranks = join_ranks(config, environment, *backend, communicator);
+  if (ranks.world_size > 1) check_same_config(*ranks.communicator, config_to_json(config));
   RunSetup setup = prepare_run(config, backend.get());
   const auto& model = setup.model;
   StepPlan plan = build_step_plan(model, setup.plan_options);
@@ -59,12 +81,20 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
 
   log << "smelt " << SMELT_VERSION << ": " << describe(model) << "\n";
   log << "plan: " << plan_summary_line(plan) << "\n";
+  const CommunicationVolume communication = communication_volume(plan);
+  if (plan.sharded())
+    log << rank_label(ranks) << "FSDP over " << ranks.world_size << " rank(s) (" << ranks.communicator->name()
+        << "): weights gathered in " << dtype_name(communication.gather_dtype) << ", gradients reduced in "
+        << dtype_name(communication.reduce_dtype) << ", " << format_bytes(static_cast<size_t>(communication.total_bytes()))
+        << " of collectives per step\n";
   hold_to_memory_budget(setup, *backend, log);
 
   TrainResult result;
   result.run_folder = (std::filesystem::path(config.job.dump_folder) / config.job.name).string();
-  std::filesystem::create_directories(result.run_folder);
-  write_file_atomically(result.run_folder + "/config.json", config_to_json(config));
+  if (ranks.leader()) {
+    std::filesystem::create_directories(result.run_folder);
+    write_file_atomically(result.run_folder + "/config.json", config_to_json(config));
+  }
 
   DatasetOptions data;
   data.path = config.training.dataset_path;
@@ -73,10 +103,15 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
   data.seed = static_cast<uint64_t>(config.training.seed);
   data.model_vocab_size = model.vocab_size;
   data.cache_dir = (std::filesystem::path(config.job.dump_folder) / ".cache").string();
+  data.rank = ranks.rank;
+  data.world_size = ranks.world_size;
+  // Rank 0 tokenizes text into the cache first; the others then read it.
+  if (!ranks.leader()) ranks.communicator->barrier();
   Dataset dataset = open_dataset(data, *setup.tokenizer);
+  if (ranks.leader() && ranks.world_size > 1) ranks.communicator->barrier();
   log << "data: " << dataset.description << "\n";
 
-  Executor executor(plan, *backend);
+  Executor executor(plan, *backend, ranks.communicator);
   executor.enable_graph(config.training.cuda_graph);
   result.arena_bytes = executor.arena().size();
   {
@@ -109,7 +144,11 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
   std::vector<int32_t> inputs(static_cast<size_t>(tokens_per_step)), targets(inputs.size());
   std::vector<double> step_seconds;
   const auto start = clock::now();
-  auto interval_start = start;
+  // A step's time runs from the previous step's gradient sync to its own: the previous update
+  // (launched without waiting) and this step's forward and backward, so in steady state one whole
+  // step. Validation and checkpoint pauses are left out (previous_end moves past them).
+  auto previous_end = start;
+  double interval_seconds = 0;
   int64_t interval_steps = 0;
 
   auto run_validation = [&]() -> double {
@@ -119,12 +158,22 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
   // Resume (checkpoint.load, or the newest checkpoint in the folder), then guard and checkpoint every step.
   std::string tokenizer_spec = config.model.tokenizer_path;
   if (tokenizer_spec != "byte") tokenizer_spec = std::filesystem::absolute(tokenizer_spec).string();
-  Checkpointer checkpointer(config, result.run_folder, model, executor.layout(), tokenizer_spec, shape.seq_len);
+  // Every rank resumes from the checkpoint rank 0 chose (each keeps its shards); only rank 0 writes.
+  const JobConfig checkpoint_config = checkpoint_config_for_rank(config, ranks, result.run_folder);
+  Checkpointer checkpointer(checkpoint_config, result.run_folder, model, executor.layout(), tokenizer_spec, shape.seq_len);
   TrainingProgress progress = checkpointer.resume(executor, *dataset.train, dataset.validation.get(), log);
+  auto after_step = [&](int64_t step) {
+    const bool due = config.checkpoint.enable && (step == config.training.steps || step % config.checkpoint.interval == 0);
+    if (ranks.leader())
+      checkpointer.after_step(executor, progress, step == config.training.steps, log);
+    else if (due)
+      take_part_in_checkpoint(executor);
+    if (due) previous_end = clock::now();
+  };
   StepGuard guard(config.training, progress);
-  MetricsLog metrics(result.run_folder + "/metrics.jsonl", /*append=*/progress.step > 0);
+  MetricsLog metrics(ranks.leader() ? result.run_folder + "/metrics.jsonl" : "", /*append=*/progress.step > 0);
   std::unique_ptr<TensorBoardWriter> tensorboard;
-  if (config.metrics.enable_tensorboard) {
+  if (config.metrics.enable_tensorboard && ranks.leader()) {
     tensorboard = std::make_unique<TensorBoardWriter>(result.run_folder + "/tensorboard");
     log << "tensorboard: tensorboard --logdir " << result.run_folder << "/tensorboard\n";
   }
@@ -137,18 +186,21 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
   }
 
   for (int64_t step = progress.step + 1; step <= config.training.steps; ++step) {
-    const auto step_start = clock::now();
     dataset.train->next_batch(inputs.data(), targets.data());
     executor.load_batch(inputs.data(), targets.data());
     optimizer.lr = static_cast<float>(schedule.at(step));
     executor.run_gradients(optimizer);
     const double loss = executor.loss();  // synchronises: forward and backward are complete
+    const auto gradients_done = clock::now();
+    const double seconds = std::chrono::duration<double>(gradients_done - previous_end).count();
+    previous_end = gradients_done;
     if (guard.check(step, loss, executor.gradient_norm(), log) == StepVerdict::apply) {
       optimizer.step = progress.optimizer_steps;  // AdamW's bias correction counts applied updates
       executor.run_update(optimizer);
     }
     progress.step = step;
-    step_seconds.push_back(std::chrono::duration<double>(clock::now() - step_start).count());
+    step_seconds.push_back(seconds);
+    interval_seconds += seconds;
     result.losses.push_back(loss);
     if (result.losses.size() == 1) result.first_loss = loss;  // the first step of this run (resumed runs too)
     result.final_loss = loss;
@@ -158,24 +210,30 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
                           (step % config.validation.freq == 0 || step == config.training.steps);
     const bool report = step == 1 || step % config.metrics.log_freq == 0 || step == config.training.steps;
     if (!report && !validate) {
-      checkpointer.after_step(executor, progress, step == config.training.steps, log);
+      after_step(step);
       continue;
     }
     const auto now = clock::now();
-    const double interval = std::chrono::duration<double>(now - interval_start).count();
     StepMetrics m;
     m.step = step;
     m.loss = loss;
     m.grad_norm = executor.gradient_norm();
     m.lr = optimizer.lr;
-    m.tokens_per_second = static_cast<double>(interval_steps * tokens_per_step) / std::max(interval, 1e-9);
+    m.tokens_per_second = static_cast<double>(interval_steps * tokens_per_step) / std::max(interval_seconds, 1e-9);
     m.tflops = m.tokens_per_second * flops_per_token / 1e12;
     m.mfu_percent = on_gpu ? 100.0 * m.tflops / kHopperPeakTflops : -1;
     m.memory_gib = static_cast<double>(executor.arena().size()) / double(1ull << 30);
     m.elapsed_seconds = std::chrono::duration<double>(now - start).count();
+    if (plan.sharded()) {
+      m.ranks = ranks.world_size;
+      m.gather_dtype = std::string(dtype_name(communication.gather_dtype));
+      m.reduce_dtype = std::string(dtype_name(communication.reduce_dtype));
+      m.communication_bytes = communication.total_bytes();
+    }
     if (validate) {
       m.validation_loss = run_validation();
       result.final_validation_loss = m.validation_loss;
+      previous_end = clock::now();
     }
     metrics.write(m);
     if (tensorboard) {
@@ -189,16 +247,20 @@ TrainResult train(const JobConfig& config, std::ostream& log) {
       tensorboard->scalar("memory/arena_gib", m.memory_gib, step);
       tensorboard->flush();
     }
-    log << MetricsLog::console_line(m) << "\n" << std::flush;
-    checkpointer.after_step(executor, progress, step == config.training.steps, log);
-    interval_start = clock::now();
+    log << rank_label(ranks) << MetricsLog::console_line(m) << "\n" << std::flush;
+    after_step(step);
+    interval_seconds = 0;
     interval_steps = 0;
   }
   checkpointer.finish(log);
 
   // The final weights, with what generation needs to use them.
-  save_model_weights(result.run_folder + "/model.safetensors", executor, tokenizer_spec, shape.seq_len);
-  log << "weights: " << result.run_folder << "/model.safetensors\n";
+  if (ranks.leader()) {
+    save_model_weights(result.run_folder + "/model.safetensors", executor, tokenizer_spec, shape.seq_len);
+    log << "weights: " << result.run_folder << "/model.safetensors\n";
+  } else {
+    executor.read_parameters(nullptr);  // the gather save_model_weights does on rank 0
+  }
 
   result.steps = config.training.steps;
   result.seconds = std::chrono::duration<double>(clock::now() - start).count();

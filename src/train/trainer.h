@@ -22,7 +22,13 @@ struct TrainResult {
   std::vector<double> losses;  // every step's training loss
 };
 
+class Communicator;
+
 // Runs the job. Progress goes to `log`; the run folder gets config.json and metrics.jsonl.
-TrainResult train(const JobConfig& config, std::ostream& log);
+// Several ranks (parallelism.data_parallel_shard_degree > 1): `communicator` joins them (tests
+// run ranks as threads); without one, the launcher's environment (torchrun, Slurm, Open MPI)
+// says who this process is and NCCL joins the ranks. Each rank trains on its slice of every
+// global batch; rank 0 writes the run folder, metrics, checkpoints and weights.
+TrainResult train(const JobConfig& config, std::ostream& log, Communicator* communicator = nullptr);
 
 }  // namespace smelt

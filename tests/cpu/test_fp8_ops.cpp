@@ -182,6 +182,65 @@ TEST(CpuQuantize, SaturatesAndUsesEachRowsScale) {
   EXPECT_EQ(out[5], 0x7E);
 }
 
+// Column amax beside the row amax, from one call, against direct loops (NaN-free random data).
+TEST(CpuAmax, RowsAndColumnsInOnePass) {
+  const int64_t rows = 7, cols = 5;
+  const std::vector<float> x = random_rows(rows, cols, 31);
+  std::vector<float> per_row(rows, kNan), per_column(cols, kNan);
+  AmaxArgs args;
+  args.x = TensorView(const_cast<float*>(x.data()), DType::f32, Shape{rows, cols});
+  args.amax = TensorView(per_row.data(), DType::f32, Shape{rows});
+  args.rowwise = true;
+  args.column_amax = TensorView(per_column.data(), DType::f32, Shape{cols});
+  cpu::amax(args);
+  for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(per_row[size_t(r)], row_amax(x, r, cols)) << "row " << r;
+  for (int64_t c = 0; c < cols; ++c) {
+    float expected = 0;
+    for (int64_t r = 0; r < rows; ++r) expected = std::max(expected, std::fabs(x[size_t(r * cols + c)]));
+    EXPECT_EQ(per_column[size_t(c)], expected) << "column " << c;
+  }
+}
+
+// Hand-computed: both layouts from one call, scales computed from amax and written out.
+// x = {1, -2}, {0.5, 3}; rowwise e4m3 with power-of-two scales: row amax {2, 3} -> scales
+// {128, 128} -> {128, -256}, {64, 384} = 0x70 0xF8 0x68 0x7C; column amax {1, 3} -> {256, 128},
+// x^T = {1, 0.5}, {-2, 3} -> {256, 128}, {-256, 384} = 0x78 0x70 0xF8 0x7C. Tensorwise e5m2
+// (amax 3, scale 57344/3) on x^T: 1 -> 19114.7 -> 20480 (0x75), 0.5 -> 9557.3 -> 10240 (0x71),
+// -2 -> -38229.3 -> -40960 (0xF9), 3 -> 57344 (0x7B).
+TEST(CpuQuantize, HandComputedBothLayoutsWithScalesFromAmax) {
+  std::vector<float> x = {1.0f, -2.0f, 0.5f, 3.0f};
+  std::vector<float> row_amax_values = {2.0f, 3.0f}, column_amax_values = {1.0f, 3.0f};
+  std::vector<float> scale(2, kNan), scale_transposed(2, kNan);
+  std::vector<uint8_t> rows_out(4, 0x7F), columns_out(4, 0x7F);
+  QuantizeArgs q;
+  q.src = TensorView(x.data(), DType::f32, Shape{2, 2});
+  q.dst = TensorView(rows_out.data(), DType::e4m3, Shape{2, 2});
+  q.scale = TensorView(scale.data(), DType::f32, Shape{2});
+  q.amax = TensorView(row_amax_values.data(), DType::f32, Shape{2});
+  q.rowwise = true;
+  q.round_scale_to_power_of_two = true;
+  q.dst_transposed = TensorView(columns_out.data(), DType::e4m3, Shape{2, 2});
+  q.amax_transposed = TensorView(column_amax_values.data(), DType::f32, Shape{2});
+  q.scale_transposed = TensorView(scale_transposed.data(), DType::f32, Shape{2});
+  cpu::quantize(q);
+  EXPECT_EQ(scale, (std::vector<float>{128.0f, 128.0f}));
+  EXPECT_EQ(scale_transposed, (std::vector<float>{256.0f, 128.0f}));
+  EXPECT_EQ(rows_out, (std::vector<uint8_t>{0x70, 0xF8, 0x68, 0x7C}));
+  EXPECT_EQ(columns_out, (std::vector<uint8_t>{0x78, 0x70, 0xF8, 0x7C}));
+
+  float amax = 3.0f, tensor_scale = kNan;
+  std::vector<uint8_t> e5m2(4, 0x7F);
+  QuantizeArgs t;
+  t.src = q.src;
+  t.dst = TensorView(e5m2.data(), DType::e5m2, Shape{2, 2});
+  t.scale = TensorView(&tensor_scale, DType::f32, Shape{1});
+  t.amax = TensorView(&amax, DType::f32, Shape{1});
+  t.transpose = true;
+  cpu::quantize(t);
+  EXPECT_EQ(tensor_scale, 57344.0f / 3.0f);
+  EXPECT_EQ(e5m2, (std::vector<uint8_t>{0x75, 0x71, 0xF9, 0x7B}));
+}
+
 TEST(CpuFp8Ops, RejectsBadArguments) {
   std::vector<float> x(12, 1.0f), scale(4, 1.0f), out_float(12);
   std::vector<uint8_t> out(12);

@@ -1,60 +1,134 @@
-// Float8 linears on the GPU against the CPU emulation: the quantised operands and scales of the
-// last GEMM bit-identical, and the outputs of all three GEMMs (cuBLASLt float8, tensorwise and
-// outer-vector scales) within accumulation-order tolerance.
+// Float8 linears on the GPU against the CPU emulation: the float8 weight copies, every quantised
+// activation operand (dy, dy^T, x^T) and their scales bit-identical, and the outputs of the GEMMs
+// (cuBLASLt float8, tensorwise and outer-vector scales, with and without a residual addend and an
+// accumulated grad-input) within accumulation-order tolerance. Each recipe runs with weights
+// quantised once (planned copies) and per use (as sharded plans do).
+#include <algorithm>
+#include <cstring>
+
 #include "cuda_test_support.h"
 #include "model/fp8_linear.h"
 
 namespace smelt::test {
 namespace {
 
+constexpr int64_t kTokens = 64, kIn = 128, kOut = 96;
+
 class CudaFloat8LinearTest : public CudaOpsTest {
  protected:
-  void check(Float8Recipe recipe) {
-    const int64_t tokens = 64, in = 128, out = 96;
-    // As float8_scratch_sizes would size them: the largest operand of the three GEMMs.
-    const Float8ScratchSizes sizes{tokens * std::max(in, out), in * std::max(out, tokens), 128, 128};
-    HostTensor x = random_tensor(DType::bf16, Shape{tokens, in}, 11, 2.0);
-    HostTensor weight = random_tensor(DType::bf16, Shape{out, in}, 12, 0.1);
-    HostTensor grad_output = random_tensor(DType::bf16, Shape{tokens, out}, 13, 1e-3);
+  // The first `count` elements of a view (host or device) as a host tensor.
+  HostTensor prefix(const TensorView& view, int64_t count) {
+    const TensorView part(view.data, view.dtype, Shape{count}, view.device);
+    if (view.device == Device::cuda) return download(part);
+    HostTensor host(view.dtype, Shape{count});
+    std::memcpy(host.view.data, part.data, part.bytes());
+    return host;
+  }
 
-    // CPU emulation.
-    HostTensor cpu_a(DType::e4m3, Shape{sizes.operand_a}), cpu_b(DType::e4m3, Shape{sizes.operand_b});
-    HostTensor cpu_scale_a(DType::f32, Shape{sizes.scale_a}), cpu_scale_b(DType::f32, Shape{sizes.scale_b});
-    HostTensor cpu_y(DType::bf16, Shape{tokens, out}), cpu_dx(DType::bf16, Shape{tokens, in});
-    HostTensor cpu_dw(DType::f32, Shape{out, in});
-    const Float8Scratch cpu_scratch{cpu_a.view, cpu_b.view, cpu_scale_a.view, cpu_scale_b.view};
-    float8_linear_forward(*cpu_, recipe, cpu_scratch, x.view, weight.view, cpu_y.view, {});
-    float8_linear_backward(*cpu_, recipe, cpu_scratch, x.view, weight.view, grad_output.view, cpu_dx.view, false,
-                           cpu_dw.view);
+  void check(Float8Recipe recipe, bool weight_copies, bool residual) {
+    const std::string what = std::string(float8_recipe_name(recipe)) +
+                             (weight_copies ? ", weight copies" : ", weights per use") +
+                             (residual ? ", residual addend and accumulated dx" : "");
+    SCOPED_TRACE(what);
+    const bool rowwise = recipe != Float8Recipe::tensorwise;
+    const bool float8_grad_weight = float8_gemm_enabled(recipe, LinearGemm::grad_weight);
+    Float8ScratchSizes sizes;
+    sizes.activation = kTokens * std::max(kIn, kOut);
+    sizes.activation_transposed = float8_grad_weight ? kTokens * kOut : 0;
+    sizes.input_transposed = float8_grad_weight ? kTokens * kIn : 0;
+    sizes.weight = weight_copies ? 0 : kOut * kIn;
+    sizes.scales = std::max({kTokens, kIn, kOut});
+    const Shape value_shape{float8_scratch_value_bytes(sizes)};
+    const Shape statistic_shape{float8_scratch_statistic_floats(sizes)};
+    const int64_t weight_scales = float8_weight_scale_count(recipe, kOut, kIn);
+
+    HostTensor x = random_tensor(DType::bf16, Shape{kTokens, kIn}, 11, 2.0);
+    HostTensor weight = random_tensor(DType::bf16, Shape{kOut, kIn}, 12, 0.1);
+    HostTensor grad_output = random_tensor(DType::bf16, Shape{kTokens, kOut}, 13, 1e-3);
+    HostTensor addend = random_tensor(DType::bf16, Shape{kTokens, kOut}, 14, 1.0);
+    HostTensor dx_start = random_tensor(DType::bf16, Shape{kTokens, kIn}, 15, 1e-3);
+
+    // CPU emulation. Byte buffers start as 0x7F, like the device's poisoned ones, so whole
+    // buffers compare bit for bit.
+    HostTensor cpu_values(DType::e4m3, value_shape), cpu_statistics = nan_tensor(DType::f32, statistic_shape);
+    std::memset(cpu_values.view.data, 0x7F, cpu_values.view.bytes());
+    HostTensor cpu_copy(DType::e4m3, Shape{2 * kOut * kIn}), cpu_copy_scales = nan_tensor(DType::f32, Shape{weight_scales});
+    std::memset(cpu_copy.view.data, 0x7F, cpu_copy.view.bytes());
+    HostTensor cpu_input_amax = nan_tensor(DType::f32, Shape{1});
+    HostTensor cpu_y(DType::bf16, Shape{kTokens, kOut}), cpu_dx = dx_start, cpu_dw(DType::f32, Shape{kOut, kIn});
+    const Float8Scratch cpu_scratch = float8_scratch_views(sizes, cpu_values.view, cpu_statistics.view);
+    Float8LinearState cpu_state;
+    if (weight_copies) {
+      cpu_state.weight = float8_weight_views(recipe, kOut, kIn, cpu_copy.view, cpu_copy_scales.view);
+      quantize_weight(*cpu_, recipe, weight.view, cpu_state.weight, cpu_scratch.activation.amax,
+                      cpu_scratch.activation_transposed.amax);
+    }
+    if (!rowwise) cpu_state.input_amax = cpu_input_amax.view;
+    float8_linear_forward(*cpu_, recipe, cpu_scratch, cpu_state, x.view, weight.view, cpu_y.view,
+                          residual ? addend.view : TensorView());
+    float8_linear_backward(*cpu_, recipe, cpu_scratch, cpu_state, x.view, weight.view, grad_output.view, cpu_dx.view,
+                           residual, cpu_dw.view);
 
     // CUDA.
-    const Float8Scratch scratch{poisoned(DType::e4m3, Shape{sizes.operand_a}),
-                                poisoned(DType::e4m3, Shape{sizes.operand_b}), poisoned(DType::f32, Shape{sizes.scale_a}),
-                                poisoned(DType::f32, Shape{sizes.scale_b})};
-    TensorView y = poisoned(DType::bf16, Shape{tokens, out}), dx = poisoned(DType::bf16, Shape{tokens, in});
-    TensorView dw = poisoned(DType::f32, Shape{out, in});
+    const TensorView values = poisoned(DType::e4m3, value_shape), statistics = poisoned(DType::f32, statistic_shape);
+    const TensorView copy = poisoned(DType::e4m3, Shape{2 * kOut * kIn});
+    const TensorView copy_scales = poisoned(DType::f32, Shape{weight_scales});
+    const Float8Scratch scratch = float8_scratch_views(sizes, values, statistics);
+    Float8LinearState state;
     TensorView device_x = upload(x), device_weight = upload(weight), device_grad = upload(grad_output);
-    float8_linear_forward(*cuda_, recipe, scratch, device_x, device_weight, y, {});
-    float8_linear_backward(*cuda_, recipe, scratch, device_x, device_weight, device_grad, dx, false, dw);
+    if (weight_copies) {
+      state.weight = float8_weight_views(recipe, kOut, kIn, copy, copy_scales);
+      quantize_weight(*cuda_, recipe, device_weight, state.weight, scratch.activation.amax,
+                      scratch.activation_transposed.amax);
+    }
+    if (!rowwise) state.input_amax = poisoned(DType::f32, Shape{1});
+    TensorView y = poisoned(DType::bf16, Shape{kTokens, kOut}), dx = upload(dx_start);
+    TensorView dw = poisoned(DType::f32, Shape{kOut, kIn});
+    float8_linear_forward(*cuda_, recipe, scratch, state, device_x, device_weight, y,
+                          residual ? upload(addend) : TensorView());
+    float8_linear_backward(*cuda_, recipe, scratch, state, device_x, device_weight, device_grad, dx, residual, dw);
     cuda_->synchronize();
 
-    // The grad-weight GEMM's operands are still in the scratch: dy^T (out, N) and x^T (in, N).
-    expect_bits_equal(cpu_a, download(scratch.operand_a), "operand a (dy^T)");
-    expect_bits_equal(cpu_b, download(scratch.operand_b), "operand b (x^T)");
-    const int64_t scale_count_a = recipe == Float8Recipe::rowwise ? out : 1;
-    const int64_t scale_count_b = recipe == Float8Recipe::rowwise ? in : 1;
-    HostTensor scales_a = download(scratch.scale_a), scales_b = download(scratch.scale_b);
-    for (int64_t i = 0; i < scale_count_a; ++i) EXPECT_EQ(scales_a.get(i), cpu_scale_a.get(i)) << "scale a " << i;
-    for (int64_t i = 0; i < scale_count_b; ++i) EXPECT_EQ(scales_b.get(i), cpu_scale_b.get(i)) << "scale b " << i;
+    // Every quantised operand still in memory: W and W^T (copies or per-use slots), dy, dy^T, x^T.
+    if (weight_copies) {
+      expect_bits_equal(cpu_copy, download(copy), "weight copies W and W^T");
+      expect_bits_equal(cpu_copy_scales, download(copy_scales), "weight copy scales");
+    }
+    expect_bits_equal(cpu_values, download(values), "scratch operands (dy, dy^T, x^T, per-use W and W^T)");
+    auto expect_scales = [&](const Float8Slot& cpu_slot, const Float8Slot& slot, int64_t count, const char* name) {
+      expect_bits_equal(prefix(cpu_slot.scale, count), prefix(slot.scale, count), name);
+    };
+    expect_scales(cpu_scratch.activation, scratch.activation, rowwise ? kTokens : 1, "dy scales");
+    if (float8_grad_weight) {
+      expect_scales(cpu_scratch.activation_transposed, scratch.activation_transposed, rowwise ? kOut : 1, "dy^T scales");
+      expect_scales(cpu_scratch.input_transposed, scratch.input_transposed, rowwise ? kIn : 1, "x^T scales");
+    }
+    if (!weight_copies) {
+      expect_scales(cpu_scratch.weight, scratch.weight, rowwise ? kOut : 1, "per-use W scales");
+      expect_scales(cpu_scratch.weight_transposed, scratch.weight_transposed, rowwise ? kIn : 1, "per-use W^T scales");
+    }
+    if (!rowwise) expect_bits_equal(cpu_input_amax, download(state.input_amax), "saved input amax");
     // Same operands, so only the summation order (and fast accumulation) differs.
     expect_close(cpu_y, download(y), 1e-2, "y");
     expect_close(cpu_dx, download(dx), 1e-2, "dx");
-    expect_close(cpu_dw, download(dw), 1e-4, "dW");
+    expect_close(cpu_dw, download(dw), float8_grad_weight ? 1e-4 : 1e-3, "dW");
   }
 };
 
-TEST_F(CudaFloat8LinearTest, TensorwiseMatchesTheCpuEmulation) { check(Float8Recipe::tensorwise); }
-TEST_F(CudaFloat8LinearTest, RowwiseMatchesTheCpuEmulation) { check(Float8Recipe::rowwise); }
+TEST_F(CudaFloat8LinearTest, TensorwiseMatchesTheCpuEmulation) { check(Float8Recipe::tensorwise, true, false); }
+TEST_F(CudaFloat8LinearTest, RowwiseMatchesTheCpuEmulation) { check(Float8Recipe::rowwise, true, false); }
+TEST_F(CudaFloat8LinearTest, RowwiseWithHighPrecisionGradWeightMatchesTheCpuEmulation) {
+  check(Float8Recipe::rowwise_with_gw_hp, true, false);
+}
+TEST_F(CudaFloat8LinearTest, WeightsQuantisedPerUseMatchTheCpuEmulation) {
+  for (Float8Recipe recipe : {Float8Recipe::tensorwise, Float8Recipe::rowwise, Float8Recipe::rowwise_with_gw_hp})
+    check(recipe, false, false);
+}
+// The block's wo / w2 add the residual (beta = 1 with C) and wk / wv / w3 accumulate dx.
+TEST_F(CudaFloat8LinearTest, ResidualAddendAndAccumulatedGradInputMatchTheCpuEmulation) {
+  for (Float8Recipe recipe : {Float8Recipe::tensorwise, Float8Recipe::rowwise, Float8Recipe::rowwise_with_gw_hp})
+    check(recipe, true, true);
+}
 
 }  // namespace
 }  // namespace smelt::test

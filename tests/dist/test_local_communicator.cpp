@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/numerics.h"
 #include "core/random.h"
 #include "dist/communicator.h"
 
@@ -85,7 +86,52 @@ TEST_P(LocalCommunicatorTest, ReduceScatterLeavesEachRankItsSliceOfTheSum) {
     }
 }
 
+TEST_P(LocalCommunicatorTest, AverageInBf16AndTextExchange) {
+  const int world = GetParam();
+  const size_t shard = 33, n = shard * static_cast<size_t>(world);
+  std::vector<std::vector<uint16_t>> full(static_cast<size_t>(world)), out(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    const auto values = random_values(400 + static_cast<uint64_t>(r), n);
+    for (float v : values) full[static_cast<size_t>(r)].push_back(float_to_bf16(v));
+    out[static_cast<size_t>(r)].assign(shard, 0x7FC0);  // NaN
+  }
+  std::vector<std::vector<std::string>> texts(static_cast<size_t>(world));
+  run_ranks(world, [&](Communicator& c) {
+    const auto r = static_cast<size_t>(c.rank());
+    c.wait(c.reduce_scatter(TensorView(full[r].data(), DType::bf16, Shape{static_cast<int64_t>(n)}),
+                            TensorView(out[r].data(), DType::bf16, Shape{static_cast<int64_t>(shard)}), ReduceOp::average));
+    texts[r] = c.exchange_text("rank " + std::to_string(r));
+  });
+  for (int r = 0; r < world; ++r) {
+    for (size_t i = 0; i < shard; ++i) {
+      float sum = 0;  // rank order, in float, rounded to bf16 once
+      for (int s = 0; s < world; ++s) sum += bf16_to_float(full[static_cast<size_t>(s)][static_cast<size_t>(r) * shard + i]);
+      ASSERT_EQ(out[static_cast<size_t>(r)][i], float_to_bf16(sum / static_cast<float>(world))) << "rank " << r << " element " << i;
+    }
+    for (int s = 0; s < world; ++s) EXPECT_EQ(texts[static_cast<size_t>(r)][static_cast<size_t>(s)], "rank " + std::to_string(s));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, LocalCommunicatorTest, ::testing::Values(1, 2, 4));
+
+TEST(LocalCommunicator, ARankThatFailsReleasesTheOthers) {
+  LocalGroup group(3);
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        if (r == 1) throw Error(ErrorKind::internal, "rank 1 broke");
+        group.communicator(r).barrier();  // would wait forever for rank 1
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+        group.abandon();
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_NE(errors[0].find("another rank failed"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[2].find("another rank failed"), std::string::npos) << errors[2];
+}
 
 TEST(LocalCommunicator, RejectsDeviceOrMismatchedViews) {
   LocalGroup group(1);
@@ -93,7 +139,7 @@ TEST(LocalCommunicator, RejectsDeviceOrMismatchedViews) {
   EXPECT_THROW(group.communicator(0).all_gather(TensorView(a.data(), DType::f32, Shape{8}),
                                                 TensorView(b.data(), DType::f32, Shape{3})),
                Error);
-  EXPECT_THROW(group.communicator(0).all_reduce_sum(TensorView(a.data(), DType::bf16, Shape{8})), Error);
+  EXPECT_THROW(group.communicator(0).all_reduce_sum(TensorView(a.data(), DType::i32, Shape{8})), Error);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // the only allocation, and gradients bit-identical across checkpointing policies.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -160,27 +161,56 @@ void expect_operands(const RecordedGemm& gemm, const ExpectedOperand& a, DType a
     }
 }
 
-// One linear (N = 5 tokens, in = 4, out = 3), forward and backward, f32 activations.
-void check_linear_recipe(Float8Recipe recipe) {
+// Host memory for one set of float8 scratch, poisoned, carved as the plan carves it.
+struct HostScratch {
+  std::vector<uint8_t> values;
+  std::vector<float> statistics;
+  Float8Scratch views;
+  explicit HostScratch(const Float8ScratchSizes& sizes)
+      : values(size_t(float8_scratch_value_bytes(sizes)), 0xAA),
+        statistics(size_t(float8_scratch_statistic_floats(sizes)), NAN) {
+    views = float8_scratch_views(sizes, TensorView(values.data(), DType::e4m3, Shape{int64_t(values.size())}),
+                                 TensorView(statistics.data(), DType::f32, Shape{int64_t(statistics.size())}));
+  }
+};
+
+// One linear (N = 5 tokens, in = 4, out = 3), forward and backward, f32 activations; the
+// weight quantised once into planned copies, or per use into the scratch.
+void check_linear_recipe(Float8Recipe recipe, bool weight_copies) {
+  SCOPED_TRACE(weight_copies ? "weight copies" : "weights quantised per use");
   const int64_t tokens = 5, in = 4, out = 3;
   RecordingBackend backend;
   std::vector<float> workspace(1024, NAN);
   backend.set_workspace(TensorView(workspace.data(), DType::f32, Shape{1024}));
   std::vector<float> x = skewed_matrix(tokens, in, 1), w = skewed_matrix(out, in, 2), dy = skewed_matrix(tokens, out, 3);
   std::vector<float> y(tokens * out, NAN), dx(tokens * in, NAN), dw(out * in, NAN);
-  std::vector<uint8_t> operand_a(64, 0xAA), operand_b(64, 0xAA);
-  std::vector<float> scale_a(8, NAN), scale_b(8, NAN);
-  Float8Scratch scratch{TensorView(operand_a.data(), DType::e4m3, Shape{64}),
-                        TensorView(operand_b.data(), DType::e4m3, Shape{64}),
-                        TensorView(scale_a.data(), DType::f32, Shape{8}), TensorView(scale_b.data(), DType::f32, Shape{8})};
+  Float8ScratchSizes sizes;
+  sizes.activation = tokens * std::max(in, out);
+  sizes.activation_transposed = tokens * out;
+  sizes.input_transposed = tokens * in;
+  sizes.weight = weight_copies ? 0 : out * in;
+  sizes.scales = 8;
+  HostScratch scratch(sizes);
   TensorView xv(x.data(), DType::f32, Shape{tokens, in}), wv(w.data(), DType::f32, Shape{out, in});
   TensorView dyv(dy.data(), DType::f32, Shape{tokens, out});
-  float8_linear_forward(backend, recipe, scratch, xv, wv, TensorView(y.data(), DType::f32, Shape{tokens, out}), {});
-  float8_linear_backward(backend, recipe, scratch, xv, wv, dyv, TensorView(dx.data(), DType::f32, Shape{tokens, in}),
-                         false, TensorView(dw.data(), DType::f32, Shape{out, in}));
+  std::vector<uint8_t> copy(size_t(2 * out * in), 0xAA);
+  std::vector<float> copy_scales(size_t(float8_weight_scale_count(recipe, out, in)), NAN), input_amax(1, NAN);
+  Float8LinearState state;
+  if (weight_copies) {
+    state.weight = float8_weight_views(recipe, out, in, TensorView(copy.data(), DType::e4m3, Shape{2 * out * in}),
+                                       TensorView(copy_scales.data(), DType::f32, Shape{int64_t(copy_scales.size())}));
+    quantize_weight(backend, recipe, wv, state.weight, scratch.views.activation.amax,
+                    scratch.views.activation_transposed.amax);
+  }
+  if (recipe == Float8Recipe::tensorwise) state.input_amax = TensorView(input_amax.data(), DType::f32, Shape{1});
+  float8_linear_forward(backend, recipe, scratch.views, state, xv, wv, TensorView(y.data(), DType::f32, Shape{tokens, out}),
+                        {});
+  float8_linear_backward(backend, recipe, scratch.views, state, xv, wv, dyv,
+                         TensorView(dx.data(), DType::f32, Shape{tokens, in}), false,
+                         TensorView(dw.data(), DType::f32, Shape{out, in}));
   ASSERT_EQ(backend.gemms.size(), 3u);
 
-  const bool rowwise = recipe == Float8Recipe::rowwise;
+  const bool rowwise = recipe != Float8Recipe::tensorwise;
   const OperandScaling scaling = rowwise ? OperandScaling::rowwise : OperandScaling::tensorwise;
   const DType forward = DType::e4m3, gradient = rowwise ? DType::e4m3 : DType::e5m2;
   auto fmt = [](DType d) { return d == DType::e4m3 ? Float8Format::e4m3 : Float8Format::e5m2; };
@@ -191,16 +221,61 @@ void check_linear_recipe(Float8Recipe recipe) {
   expect_operands(backend.gemms[1], reference(dy, tokens, out, fmt(gradient), rowwise, rowwise), gradient,
                   reference(transposed(w, out, in), in, out, fmt(forward), rowwise, rowwise), forward, scaling, false,
                   "grad-input");
-  // Grad-weight: dy^T (out, N) and x^T (in, N), reduction over N.
-  expect_operands(backend.gemms[2], reference(transposed(dy, tokens, out), out, tokens, fmt(gradient), rowwise, rowwise),
-                  gradient, reference(transposed(x, tokens, in), in, tokens, fmt(forward), rowwise, rowwise), forward,
-                  scaling, false, "grad-weight");
+  if (recipe == Float8Recipe::rowwise_with_gw_hp) {
+    // Grad-weight in the compute dtype: dy^T @ x on the unquantised tensors.
+    const GemmArgs& g = backend.gemms[2].args;
+    EXPECT_EQ(g.a.dtype, DType::f32);
+    EXPECT_EQ(g.a.data, dyv.data);
+    EXPECT_TRUE(g.transpose_a);
+    EXPECT_EQ(g.b.data, xv.data);
+    EXPECT_EQ(g.scaling_a, OperandScaling::none);
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) {
+        double sum = 0;
+        for (int64_t n = 0; n < tokens; ++n) sum += double(dy[n * out + o]) * double(x[n * in + i]);
+        EXPECT_NEAR(dw[o * in + i], sum, 1e-5 * (1 + std::fabs(sum))) << "dW " << o << ", " << i;
+      }
+  } else {
+    // Grad-weight: dy^T (out, N) and x^T (in, N), reduction over N.
+    expect_operands(backend.gemms[2],
+                    reference(transposed(dy, tokens, out), out, tokens, fmt(gradient), rowwise, rowwise), gradient,
+                    reference(transposed(x, tokens, in), in, tokens, fmt(forward), rowwise, rowwise), forward, scaling,
+                    false, "grad-weight");
+  }
   for (float v : y) EXPECT_TRUE(std::isfinite(v));
   for (float v : dx) EXPECT_TRUE(std::isfinite(v));
+  for (float v : dw) EXPECT_TRUE(std::isfinite(v));
+  if (recipe == Float8Recipe::tensorwise) {  // the forward's amax of x, kept for x^T
+    float amax = 0;
+    for (float v : x) amax = std::max(amax, std::fabs(v));
+    EXPECT_EQ(input_amax[0], amax);
+  }
 }
 
-TEST(Float8Linear, TensorwiseOperandsMatchTheScalarReference) { check_linear_recipe(Float8Recipe::tensorwise); }
-TEST(Float8Linear, RowwiseOperandsMatchTheScalarReference) { check_linear_recipe(Float8Recipe::rowwise); }
+TEST(Float8Linear, TensorwiseOperandsMatchTheScalarReference) {
+  check_linear_recipe(Float8Recipe::tensorwise, true);
+  check_linear_recipe(Float8Recipe::tensorwise, false);
+}
+TEST(Float8Linear, RowwiseOperandsMatchTheScalarReference) {
+  check_linear_recipe(Float8Recipe::rowwise, true);
+  check_linear_recipe(Float8Recipe::rowwise, false);
+}
+TEST(Float8Linear, RowwiseWithHighPrecisionGradWeightOperandsMatchTheScalarReference) {
+  check_linear_recipe(Float8Recipe::rowwise_with_gw_hp, true);
+  check_linear_recipe(Float8Recipe::rowwise_with_gw_hp, false);
+}
+
+TEST(Float8Linear, RecipeNamesRoundTripAndUnknownNamesListTheChoices) {
+  for (Float8Recipe r : {Float8Recipe::none, Float8Recipe::tensorwise, Float8Recipe::rowwise,
+                         Float8Recipe::rowwise_with_gw_hp})
+    EXPECT_EQ(parse_float8_recipe(std::string(float8_recipe_name(r))), r);
+  try {
+    parse_float8_recipe("blockwise");
+    FAIL() << "blockwise parsed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rowwise_with_gw_hp"), std::string::npos) << e.what();
+  }
+}
 
 // Hand-computed codes: the numbers a reader can check on paper.
 TEST(Float8Linear, HandComputedScalesAndCodes) {
@@ -208,21 +283,50 @@ TEST(Float8Linear, HandComputedScalesAndCodes) {
   // (2, 2): rows {1, -2}, {0.5, 3}.
   std::vector<float> m{1.0f, -2.0f, 0.5f, 3.0f};
   std::vector<uint8_t> values(4, 0xAA);
-  std::vector<float> scales(2, NAN);
+  std::vector<float> scales(2, NAN), amax(2, NAN);
   TensorView source(m.data(), DType::f32, Shape{2, 2});
-  TensorView values_view(values.data(), DType::e4m3, Shape{4}), scale_view(scales.data(), DType::f32, Shape{2});
+  const Float8Slot slot{TensorView(values.data(), DType::e4m3, Shape{4}), TensorView(amax.data(), DType::f32, Shape{2}),
+                        TensorView(scales.data(), DType::f32, Shape{2})};
   // Tensorwise e4m3: amax 3, scale 448/3; 1 -> 149.3 -> 144 (0x71), -2 -> -298.7 -> -288 (0xF9),
   // 0.5 -> 74.7 -> 72 (0x69), 3 -> 448 (0x7E).
-  auto q = quantize_operand(*backend, source, false, {DType::e4m3, OperandScaling::tensorwise, false}, values_view,
-                            scale_view);
+  auto q = quantize_operand(*backend, source, false, {DType::e4m3, OperandScaling::tensorwise, false}, slot);
+  EXPECT_EQ(amax[0], 3.0f);
   EXPECT_EQ(scales[0], 448.0f / 3.0f);
   EXPECT_EQ(values, (std::vector<uint8_t>{0x71, 0xF9, 0x69, 0x7E}));
   // Rowwise along the columns (transposed, as the grad-weight GEMM): column amax {1, 3},
   // power-of-two scales {256, 128}; x^T = {1, 0.5}, {-2, 3} -> {256, 128}, {-256, 384}.
-  q = quantize_operand(*backend, source, true, {DType::e4m3, OperandScaling::rowwise, true}, values_view, scale_view);
+  q = quantize_operand(*backend, source, true, {DType::e4m3, OperandScaling::rowwise, true}, slot);
   EXPECT_EQ(q.values.rows(), 2);
   EXPECT_EQ(scales, (std::vector<float>{256.0f, 128.0f}));
   EXPECT_EQ(values, (std::vector<uint8_t>{0x78, 0x70, 0xF8, 0x7C}));
+}
+
+// The same matrix as a rowwise weight: both copies from one amax pass and one cast pass. Row amax
+// {2, 3} -> power-of-two scales {128, 128}: W = {128, -256}, {64, 384}; W^T as above.
+TEST(Float8Linear, HandComputedRowwiseWeightCopies) {
+  auto backend = make_cpu_backend();
+  std::vector<float> m{1.0f, -2.0f, 0.5f, 3.0f};
+  std::vector<uint8_t> copy(8, 0xAA);
+  std::vector<float> scales(4, NAN), amax(2, NAN), amax_transposed(2, NAN);
+  const Float8Weight w = float8_weight_views(Float8Recipe::rowwise, 2, 2, TensorView(copy.data(), DType::e4m3, Shape{8}),
+                                             TensorView(scales.data(), DType::f32, Shape{4}));
+  quantize_weight(*backend, Float8Recipe::rowwise, TensorView(m.data(), DType::f32, Shape{2, 2}), w,
+                  TensorView(amax.data(), DType::f32, Shape{2}), TensorView(amax_transposed.data(), DType::f32, Shape{2}));
+  EXPECT_EQ(amax, (std::vector<float>{2.0f, 3.0f}));
+  EXPECT_EQ(amax_transposed, (std::vector<float>{1.0f, 3.0f}));
+  EXPECT_EQ(scales, (std::vector<float>{128.0f, 128.0f, 256.0f, 128.0f}));
+  EXPECT_EQ(copy, (std::vector<uint8_t>{0x70, 0xF8, 0x68, 0x7C, 0x78, 0x70, 0xF8, 0x7C}));
+  // Tensorwise: one amax (3) and one scale (448/3) shared by both layouts.
+  std::fill(copy.begin(), copy.end(), 0xAA);
+  std::fill(scales.begin(), scales.end(), NAN);
+  const Float8Weight t = float8_weight_views(Float8Recipe::tensorwise, 2, 2,
+                                             TensorView(copy.data(), DType::e4m3, Shape{8}),
+                                             TensorView(scales.data(), DType::f32, Shape{2}));
+  quantize_weight(*backend, Float8Recipe::tensorwise, TensorView(m.data(), DType::f32, Shape{2, 2}), t,
+                  TensorView(amax.data(), DType::f32, Shape{2}), TensorView(amax_transposed.data(), DType::f32, Shape{2}));
+  EXPECT_EQ(scales[0], 448.0f / 3.0f);
+  EXPECT_EQ(scales[1], 448.0f / 3.0f);
+  EXPECT_EQ(copy, (std::vector<uint8_t>{0x71, 0xF9, 0x69, 0x7E, 0x71, 0x69, 0xF9, 0x7E}));
 }
 
 // Rebuilds a TinyRun's plan and executor with float8 linears.
@@ -257,16 +361,21 @@ TEST(Float8Training, TensorwiseAndRowwiseTrackBf16OnAFixedBatch) {
   const double bf16 = train_fixed_batch(Float8Recipe::none, steps);
   const double tensorwise = train_fixed_batch(Float8Recipe::tensorwise, steps);
   const double rowwise = train_fixed_batch(Float8Recipe::rowwise, steps);
-  std::printf("loss after %d steps: bf16 %.5f, tensorwise %.5f, rowwise %.5f\n", steps, bf16, tensorwise, rowwise);
+  const double rowwise_gw_hp = train_fixed_batch(Float8Recipe::rowwise_with_gw_hp, steps);
+  std::printf("loss after %d steps: bf16 %.5f, tensorwise %.5f, rowwise %.5f, rowwise_with_gw_hp %.5f\n", steps, bf16,
+              tensorwise, rowwise, rowwise_gw_hp);
   EXPECT_NE(tensorwise, bf16);  // float8 really ran
+  EXPECT_NE(rowwise_gw_hp, rowwise);  // the grad-weight GEMM really left float8
   EXPECT_NEAR(tensorwise, bf16, kFloat8LossTolerance * bf16);
   EXPECT_NEAR(rowwise, bf16, kFloat8LossTolerance * bf16);
+  EXPECT_NEAR(rowwise_gw_hp, bf16, kFloat8LossTolerance * bf16);
 }
 
 TEST(Float8Training, AllocatesOnlyTheArena) {
   TinyRun run(tiny_model(2), DType::bf16, "selective-op", 2, 6);
   use_float8(run, Float8Recipe::rowwise);
-  ASSERT_GE(run.plan.float8_operand_a, 0);
+  ASSERT_GE(run.plan.float8_scratch, 0);
+  ASSERT_GE(run.plan.float8_weights, 0);
   run.initialise(1);
   const int64_t after_setup = run.backend->memory().allocation_count();
   OptimizerSettings optimizer;
@@ -310,6 +419,64 @@ TEST(Float8Training, GradientsBitIdenticalAcrossPoliciesTensorwise) {
 TEST(Float8Training, GradientsBitIdenticalAcrossPoliciesRowwise) {
   expect_float8_policies_bit_identical(Float8Recipe::rowwise);
 }
+TEST(Float8Training, GradientsBitIdenticalAcrossPoliciesRowwiseWithHighPrecisionGradWeight) {
+  expect_float8_policies_bit_identical(Float8Recipe::rowwise_with_gw_hp);
+}
+
+// The weights are quantised once per step, after the optimizer (and at load): the copies the
+// next step's GEMMs read are the scalar reference quantisation of the updated compute weights.
+void expect_weight_copies_follow_the_optimizer(Float8Recipe recipe) {
+  SCOPED_TRACE(std::string(float8_recipe_name(recipe)));
+  TinyRun run(tiny_model(2), DType::bf16, "selective-op", 2, 6);
+  use_float8(run, recipe);
+  ASSERT_GE(run.plan.float8_weights, 0);
+  size_t optimizer = 0, cast = 0;
+  for (size_t i = 0; i < run.plan.steps.size(); ++i) {
+    if (run.plan.steps[i].kind == StepKind::optimizer) optimizer = i;
+    if (run.plan.steps[i].kind == StepKind::cast_weights) cast = i;
+  }
+  EXPECT_EQ(cast, optimizer + 1) << "the float8 weight cast follows the optimizer";
+  run.initialise(5);
+  OptimizerSettings optimizer_settings;
+  optimizer_settings.lr = 1e-2f;
+  for (int step = 1; step <= 2; ++step) {
+    run.load_random_batch(uint64_t(step));
+    optimizer_settings.step = step;
+    run.executor->run(optimizer_settings);
+  }
+  const TensorView compute = run.executor->view(run.plan.compute_weights);
+  const auto* bits = compute.as<const uint16_t>();
+  const auto* copies = run.executor->view(run.plan.float8_weights).as<const uint8_t>();
+  const auto* scales = run.executor->view(run.plan.float8_weight_scales).as<const float>();
+  const bool rowwise = recipe != Float8Recipe::tensorwise;
+  int checked = 0;
+  for (int64_t layer = 0; layer < run.plan.model.n_layers; ++layer)
+    for (LayerWeight w : {LayerWeight::wq, LayerWeight::wo, LayerWeight::w2}) {
+      const auto& info = run.executor->layout().layer(layer, w);
+      const auto spec = layer_weight_spec(w, run.plan.model);
+      const int64_t out = spec.dims[0], in = spec.dims[1];
+      std::vector<float> weight(size_t(out * in));
+      for (size_t i = 0; i < weight.size(); ++i) weight[i] = bf16_to_float(bits[info.offset + int64_t(i)]);
+      const int64_t value_offset = run.plan.float8_weight_layout.value_offset[size_t(layer)][size_t(w)];
+      const int64_t scale_offset = run.plan.float8_weight_layout.scale_offset[size_t(layer)][size_t(w)];
+      const ExpectedOperand rows = reference(weight, out, in, Float8Format::e4m3, rowwise, rowwise);
+      const ExpectedOperand columns = reference(transposed(weight, out, in), in, out, Float8Format::e4m3, rowwise, rowwise);
+      EXPECT_EQ(std::vector<uint8_t>(copies + value_offset, copies + value_offset + out * in), rows.codes);
+      EXPECT_EQ(std::vector<uint8_t>(copies + value_offset + out * in, copies + value_offset + 2 * out * in),
+                columns.codes);
+      const int64_t row_scales = rowwise ? out : 1, column_scales = rowwise ? in : 1;
+      EXPECT_EQ(std::vector<float>(scales + scale_offset, scales + scale_offset + row_scales), rows.scales);
+      EXPECT_EQ(std::vector<float>(scales + scale_offset + row_scales, scales + scale_offset + row_scales + column_scales),
+                columns.scales);
+      ++checked;
+    }
+  EXPECT_EQ(checked, 6);
+}
+
+TEST(Float8Training, WeightCopiesAreTheUpdatedWeightsQuantised) {
+  for (Float8Recipe recipe : {Float8Recipe::tensorwise, Float8Recipe::rowwise, Float8Recipe::rowwise_with_gw_hp})
+    expect_weight_copies_follow_the_optimizer(recipe);
+}
 
 TEST(Float8Plan, FiltersKeepNamedLinearsInBf16AndRecipeNoneAddsNothing) {
   TinyRun run(tiny_model(2), DType::bf16, "none", 2, 6);
@@ -319,7 +486,20 @@ TEST(Float8Plan, FiltersKeepNamedLinearsInBf16AndRecipeNoneAddsNothing) {
   EXPECT_EQ(run.plan.buffers.size(), plain_buffers);
   EXPECT_EQ(run.plan.memory.arena_bytes, plain_arena);
   use_float8(run, Float8Recipe::tensorwise, {"output", "attention.wq", "layers.1.feed_forward"});
-  EXPECT_EQ(run.plan.buffers.size(), plain_buffers + 4);
+  // Scratch, its statistics, the weight copies, their scales, the saved input amax.
+  EXPECT_EQ(run.plan.buffers.size(), plain_buffers + 5);
+  // Copies of the float8 linears only: layer 0 without wq, layer 1 without w1 w3 w2.
+  int64_t float8_parameters = 0;
+  for (int64_t layer = 0; layer < 2; ++layer)
+    for (int w = 0; w < kLayerWeightCount; ++w)
+      if (run.plan.layers[size_t(layer)].float8[size_t(w)]) {
+        const auto spec = layer_weight_spec(static_cast<LayerWeight>(w), run.plan.model);
+        float8_parameters += spec.dims[0] * spec.dims[1];
+      }
+  EXPECT_GE(run.plan.float8_weight_layout.value_bytes, 2 * float8_parameters);
+  EXPECT_LT(run.plan.float8_weight_layout.value_bytes, 2 * float8_parameters + 256 * 2 * kLayerWeightCount);
+  EXPECT_EQ(run.plan.buffers[size_t(run.plan.float8_weights)].request.bytes,
+            size_t(run.plan.float8_weight_layout.value_bytes));
   const auto& first = run.plan.layers[0].float8;
   const auto& second = run.plan.layers[1].float8;
   auto at = [](const std::array<bool, kLayerWeightCount>& f, LayerWeight w) { return f[static_cast<int>(w)]; };

@@ -1,0 +1,183 @@
+// The NCCL communicator: a TCP rendezvous for the unique id, ncclCommInitRank, collectives on
+// their own stream ordered against the compute stream with events from a fixed ring.
+#include "dist/nccl_communicator.h"
+
+#include "core/error.h"
+
+#ifdef SMELT_HAVE_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <array>
+#include <cstring>
+
+#include "dist/tcp_rendezvous.h"
+#endif
+
+namespace smelt {
+
+#ifndef SMELT_HAVE_NCCL
+
+bool nccl_available() { return false; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(const LaunchEnvironment& env, void*) {
+  fail(ErrorKind::config, "this smelt was built without NCCL (SMELT_CUDA=OFF or nccl.h not found), so it cannot "
+                          "join a run of " + std::to_string(env.world_size) +
+                              " ranks; rebuild with CUDA and NCCL (scripts/build) on the GPU machine");
+}
+
+#else
+
+namespace {
+
+#define SMELT_NCCL_CHECK(call)                                                                              \
+  do {                                                                                                      \
+    const ncclResult_t status_ = (call);                                                                    \
+    if (status_ != ncclSuccess)                                                                             \
+      ::smelt::fail(::smelt::ErrorKind::device, std::string("NCCL: ") + #call + " failed: " +               \
+                                                    ncclGetErrorString(status_) +                           \
+                                                    "; run with NCCL_DEBUG=INFO to see why");               \
+  } while (0)
+
+#define SMELT_NCCL_CUDA_CHECK(call)                                                                          \
+  do {                                                                                                      \
+    const cudaError_t status_ = (call);                                                                     \
+    if (status_ != cudaSuccess)                                                                             \
+      ::smelt::fail(::smelt::ErrorKind::device, std::string("CUDA: ") + #call + " failed: " +               \
+                                                    cudaGetErrorString(status_));                           \
+  } while (0)
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::f64: return ncclFloat64;
+    case DType::f32: return ncclFloat32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i32: return ncclInt32;
+    case DType::e4m3:
+    case DType::e5m2: return ncclUint8;  // gathered as bytes (never reduced)
+  }
+  return ncclUint8;
+}
+
+void check_device(const TensorView& v, const char* what) {
+  if (v.device != Device::cuda || v.empty())
+    fail(ErrorKind::internal, std::string(what) + ": the NCCL communicator works on device views, found " + v.str());
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const LaunchEnvironment& env, void* compute_stream)
+      : env_(env), rendezvous_(env), compute_(static_cast<cudaStream_t>(compute_stream)) {
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof id);
+    if (env.rank == 0) SMELT_NCCL_CHECK(ncclGetUniqueId(&id));
+    const std::vector<std::string> all =
+        rendezvous_.exchange(env.rank == 0 ? std::string(reinterpret_cast<const char*>(&id), sizeof id) : "");
+    if (all[0].size() != sizeof id)
+      fail(ErrorKind::device, "rendezvous: rank 0 sent a " + std::to_string(all[0].size()) +
+                                  "-byte NCCL id, expected " + std::to_string(sizeof id) +
+                                  "; every rank must run the same smelt build");
+    std::memcpy(&id, all[0].data(), sizeof id);
+    SMELT_NCCL_CHECK(ncclCommInitRank(&comm_, env.world_size, id, env.rank));
+    SMELT_NCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    for (size_t i = 0; i < kEvents; ++i) {
+      SMELT_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_[i], cudaEventDisableTiming));
+      SMELT_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
+    }
+  }
+
+  ~NcclCommunicator() override {
+    // No throwing here: report and carry on releasing.
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (comm_) ncclCommDestroy(comm_);
+    for (size_t i = 0; i < kEvents; ++i) {
+      if (ready_[i]) cudaEventDestroy(ready_[i]);
+      if (done_[i]) cudaEventDestroy(done_[i]);
+    }
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return env_.rank; }
+  int world_size() const override { return env_.world_size; }
+  std::string name() const override { return "nccl"; }
+
+  CollectiveHandle all_reduce(TensorView data, ReduceOp op) override {
+    check_device(data, "all_reduce");
+    return issue([&] {
+      SMELT_NCCL_CHECK(ncclAllReduce(data.data, data.data, static_cast<size_t>(data.numel()), nccl_type(data.dtype),
+                                     nccl_op(op), comm_, stream_));
+    });
+  }
+
+  CollectiveHandle all_gather(TensorView shard, TensorView full) override {
+    check_device(shard, "all_gather");
+    check_device(full, "all_gather");
+    if (full.dtype != shard.dtype || full.numel() != shard.numel() * env_.world_size)
+      fail(ErrorKind::internal, "all_gather: expected `full` to hold " + std::to_string(env_.world_size) +
+                                    " shards of " + shard.str() + ", found " + full.str());
+    return issue([&] {
+      SMELT_NCCL_CHECK(ncclAllGather(shard.data, full.data, static_cast<size_t>(shard.numel()),
+                                     nccl_type(shard.dtype), comm_, stream_));
+    });
+  }
+
+  CollectiveHandle reduce_scatter(TensorView full, TensorView shard, ReduceOp op) override {
+    check_device(full, "reduce_scatter");
+    check_device(shard, "reduce_scatter");
+    if (full.dtype != shard.dtype || full.numel() != shard.numel() * env_.world_size)
+      fail(ErrorKind::internal, "reduce_scatter: expected `full` to hold " + std::to_string(env_.world_size) +
+                                    " shards of " + shard.str() + ", found " + full.str());
+    return issue([&] {
+      SMELT_NCCL_CHECK(ncclReduceScatter(full.data, shard.data, static_cast<size_t>(shard.numel()),
+                                         nccl_type(full.dtype), nccl_op(op), comm_, stream_));
+    });
+  }
+
+  void wait(CollectiveHandle handle) override {
+    if (handle == kNoCollective) return;
+    // A handle older than the ring names a later collective's event: waiting for it is stronger, still correct.
+    SMELT_NCCL_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_[static_cast<size_t>(handle) % kEvents], 0));
+  }
+
+  void synchronize() override { SMELT_NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void barrier() override { rendezvous_.exchange(""); }
+  std::vector<std::string> exchange_text(const std::string& text) override { return rendezvous_.exchange(text); }
+
+ private:
+  static constexpr size_t kEvents = 256;
+
+  static ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::average ? ncclAvg : ncclSum; }
+
+  // The collective starts after the compute stream's queued work and records its completion.
+  template <typename Launch>
+  CollectiveHandle issue(Launch launch) {
+    const CollectiveHandle handle = next_++;
+    const size_t slot = static_cast<size_t>(handle) % kEvents;
+    SMELT_NCCL_CUDA_CHECK(cudaEventRecord(ready_[slot], compute_));
+    SMELT_NCCL_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_[slot], 0));
+    launch();
+    SMELT_NCCL_CUDA_CHECK(cudaEventRecord(done_[slot], stream_));
+    return handle;
+  }
+
+  LaunchEnvironment env_;
+  TcpRendezvous rendezvous_;
+  cudaStream_t compute_ = nullptr, stream_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  std::array<cudaEvent_t, kEvents> ready_{}, done_{};
+  CollectiveHandle next_ = 0;
+};
+
+}  // namespace
+
+bool nccl_available() { return true; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(const LaunchEnvironment& env, void* compute_stream) {
+  if (!compute_stream)
+    fail(ErrorKind::config, "the NCCL communicator needs the CUDA backend's stream; train with job.device = \"cuda\"");
+  return std::make_unique<NcclCommunicator>(env, compute_stream);
+}
+
+#endif
+
+}  // namespace smelt

@@ -1,0 +1,220 @@
+// The sharded StepPlan: its collective steps and their order (prefetch one unit ahead, each
+// compute step finds its unit's weights in its buffer), its buffers, the one-rank plan equal to
+// the unsharded one, the shard layout, and the errors a mismatched communicator or config gives.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "dist/sharded_fixture.h"
+#include "plan/shard_layout.h"
+
+namespace smelt {
+namespace {
+
+StepPlan plan_for(const ModelConfig& model, int64_t degree, const std::string& policy = "selective-op",
+                  DType reduce = DType::f32) {
+  testing::ShardedCase c;
+  c.policy = policy;
+  c.compute = DType::bf16;
+  c.reduce = reduce;
+  auto backend = make_cpu_backend();
+  return build_step_plan(model, testing::sharded_plan_options(model, c, 2, degree, *backend));
+}
+
+bool is_collective(StepKind kind) {
+  return kind == StepKind::all_gather || kind == StepKind::reduce_scatter ||
+         kind == StepKind::all_reduce_gradient_norm || kind == StepKind::all_reduce_loss;
+}
+
+TEST(ShardLayout, UnitsCoverTheFlatLayoutAndShardsTile) {
+  const ModelConfig model = testing::small_model(3);
+  const ParameterLayout layout(model);
+  for (int64_t ranks : {1, 2, 4, 8}) {
+    const ShardLayout shards(layout, ranks);
+    ASSERT_EQ(shards.units().size(), 5u);  // embedding, 3 blocks, head
+    int64_t next = 0, local = 0;
+    for (const ShardUnit& unit : shards.units()) {
+      EXPECT_EQ(unit.offset, next) << unit.name();
+      EXPECT_EQ(unit.padded % (64 * ranks), 0) << unit.name();
+      EXPECT_GE(unit.padded, unit.length);
+      EXPECT_EQ(unit.shard * ranks, unit.padded);
+      EXPECT_EQ(unit.shard_offset, local);
+      // Gaps and parameters partition [0, padded).
+      int64_t covered = 0;
+      for (const auto& [first, last] : unit.gaps) covered += last - first;
+      for (const auto& p : layout.parameters())
+        if (p.offset >= unit.offset && p.offset < unit.offset + unit.length) covered += p.numel();
+      EXPECT_EQ(covered, unit.padded) << unit.name();
+      next += unit.length;
+      local += unit.shard;
+    }
+    EXPECT_EQ(next, layout.total());
+    EXPECT_EQ(shards.local_total(), local);
+  }
+  const ShardLayout four(layout, 4);
+  EXPECT_EQ(four.unit(0).name(), "tok_embeddings");
+  EXPECT_EQ(four.unit(2).name(), "layers.1");
+  EXPECT_EQ(four.unit(four.head_unit()).name(), "norm+output");
+}
+
+TEST(ShardedPlan, OneRankPlanIsTheUnshardedPlan) {
+  const ModelConfig model = testing::small_model();
+  testing::ShardedCase c;
+  auto backend = make_cpu_backend();
+  PlanOptions plain = testing::sharded_plan_options(model, c, 2, 1, *backend);
+  plain.reduce_dtype = DType::bf16;  // ignored without sharding
+  const StepPlan one = build_step_plan(model, plain);
+  PlanOptions defaults = plain;
+  defaults.reduce_dtype = PlanOptions{}.reduce_dtype;
+  const StepPlan reference = build_step_plan(model, defaults);
+  ASSERT_EQ(one.steps.size(), reference.steps.size());
+  for (size_t i = 0; i < one.steps.size(); ++i) {
+    EXPECT_EQ(one.steps[i].name(), reference.steps[i].name());
+    EXPECT_EQ(one.steps[i].unit, -1);
+    EXPECT_EQ(one.steps[i].gathered_weights, -1);
+    EXPECT_FALSE(is_collective(one.steps[i].kind));
+  }
+  ASSERT_EQ(one.buffers.size(), reference.buffers.size());
+  for (size_t i = 0; i < one.buffers.size(); ++i) EXPECT_EQ(one.buffers[i].request.bytes, reference.buffers[i].request.bytes);
+  EXPECT_EQ(one.memory.arena_bytes, reference.memory.arena_bytes);
+  EXPECT_EQ(one.bytes_of(BufferClass::communication), 0u);
+  EXPECT_EQ(one.local_parameter_count(), ParameterLayout(model).total());
+}
+
+TEST(ShardedPlan, CollectivesPerUnitPrefetchedOneUnitAhead) {
+  const int64_t layers = 3;
+  const ModelConfig model = testing::small_model(layers);
+  for (const std::string policy : {"none", "full", "selective-op"}) {
+    const StepPlan plan = plan_for(model, 4, policy);
+    const ShardLayout shards(ParameterLayout(model), 4);
+    std::map<std::string, int> count;
+    std::map<int, int> resident;  // gather buffer -> unit it holds
+    int previous_unit = -2;
+    std::vector<std::string> order;
+    for (size_t i = 0; i < plan.steps.size(); ++i) {
+      const Step& step = plan.steps[i];
+      if (is_collective(step.kind)) ++count[step.name()];
+      if (step.kind == StepKind::all_gather) {
+        ASSERT_GE(step.gathered_weights, 0);
+        resident[step.gathered_weights] = step.unit;
+        continue;
+      }
+      if (step.gathered_weights < 0) continue;
+      // A compute step reads its unit's weights from a buffer that holds that unit.
+      ASSERT_TRUE(resident.count(step.gathered_weights)) << step.name();
+      EXPECT_EQ(resident[step.gathered_weights], step.unit) << policy << ": " << step.name();
+      if (step.unit != previous_unit) {
+        order.push_back(shards.unit(step.unit).name());
+        // Prefetch: the other buffer already holds (or is receiving) the next unit.
+        previous_unit = step.unit;
+      }
+    }
+    // Units computed in order: embedding, blocks forward, head, blocks backward.
+    const std::vector<std::string> expected{"tok_embeddings", "layers.0", "layers.1", "layers.2", "norm+output",
+                                            "layers.2",       "layers.1", "layers.0"};
+    EXPECT_EQ(order, expected) << policy;
+    // One gather per use, but the last block stays gathered around the head; one reduce-scatter per unit.
+    EXPECT_EQ(count["all-gather tok_embeddings"], 1);
+    EXPECT_EQ(count["all-gather layers.0"], 2);
+    EXPECT_EQ(count["all-gather layers.1"], 2);
+    EXPECT_EQ(count["all-gather layers.2"], 1);
+    EXPECT_EQ(count["all-gather norm+output"], 1);
+    for (const char* unit : {"tok_embeddings", "layers.0", "layers.1", "layers.2", "norm+output"})
+      EXPECT_EQ(count[std::string("reduce-scatter ") + unit], 1) << unit;
+    EXPECT_EQ(count["all-reduce gradient sum of squares"], 1);
+    EXPECT_EQ(count["all-reduce loss"], 1);
+  }
+}
+
+TEST(ShardedPlan, NextUnitsGatherIsIssuedBeforeTheCurrentUnitComputes) {
+  const ModelConfig model = testing::small_model(3);
+  const StepPlan plan = plan_for(model, 2);
+  // Step index of each gather of `layers.1` for its forward, and of layers.0's first forward op.
+  int gather_layer1 = -1, first_layer0_forward = -1, reduce_scatter_head = -1, first_layer2_backward = -1;
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    const Step& s = plan.steps[i];
+    if (s.kind == StepKind::all_gather && s.layer == 1 && gather_layer1 < 0) gather_layer1 = static_cast<int>(i);
+    if (s.kind == StepKind::layer_forward && s.layer == 0 && first_layer0_forward < 0) first_layer0_forward = static_cast<int>(i);
+    if (s.kind == StepKind::reduce_scatter && s.layer < 0 && s.unit != 0) reduce_scatter_head = static_cast<int>(i);
+    if (s.kind == StepKind::layer_backward && s.layer == 2 && first_layer2_backward < 0) first_layer2_backward = static_cast<int>(i);
+  }
+  EXPECT_LT(gather_layer1, first_layer0_forward) << "layers.1's gather must be in flight during layers.0's forward";
+  EXPECT_LT(reduce_scatter_head, first_layer2_backward) << "the head's reduce-scatter must be in flight during layers.2's backward";
+}
+
+TEST(ShardedPlan, BuffersSizedPerUnitAndStateDivided) {
+  const ModelConfig model = testing::small_model(3);
+  const StepPlan one = plan_for(model, 1), four = plan_for(model, 4), bf16 = plan_for(model, 4, "none", DType::bf16);
+  const ShardLayout shards(ParameterLayout(model), 4);
+  EXPECT_EQ(four.local_parameter_count(), shards.local_total());
+  EXPECT_EQ(four.buffers[static_cast<size_t>(four.parameters)].shape.numel(), shards.local_total());
+  EXPECT_EQ(four.buffers[static_cast<size_t>(four.exp_avg)].shape.numel(), shards.local_total());
+  EXPECT_LT(four.bytes_of(BufferClass::optimizer_state) * 3, one.bytes_of(BufferClass::optimizer_state));
+  // Every unit fits the buffers it passes through; the largest unit sets one of each.
+  const auto numel = [&](const StepPlan& p, int id) { return p.buffers[static_cast<size_t>(id)].shape.numel(); };
+  for (const Step& s : four.steps) {
+    if (s.kind == StepKind::all_gather) {
+      EXPECT_GE(numel(four, s.gathered_weights), shards.unit(s.unit).padded);
+    } else if (s.kind == StepKind::reduce_scatter) {
+      EXPECT_GE(numel(four, s.unit_gradients), shards.unit(s.unit).padded);
+    }
+  }
+  EXPECT_EQ(std::max(numel(four, four.gather_current), numel(four, four.gather_next)), shards.largest_padded());
+  EXPECT_EQ(four.buffers[static_cast<size_t>(four.gather_current)].dtype, DType::bf16);
+  EXPECT_EQ(four.buffers[static_cast<size_t>(four.reduce_scatter[0])].dtype, DType::f32);
+  EXPECT_EQ(four.reduce_send[0], -1);
+  // A bf16 reduce adds the bf16 copies sent and the bf16 shards received.
+  ASSERT_GE(bf16.reduce_send[0], 0);
+  ASSERT_GE(bf16.reduce_receive[1], 0);
+  EXPECT_EQ(bf16.buffers[static_cast<size_t>(bf16.reduce_send[0])].dtype, DType::bf16);
+  EXPECT_EQ(numel(bf16, bf16.reduce_receive[0]) * 4, numel(bf16, bf16.reduce_scatter[0]));
+}
+
+TEST(ShardedExecutor, RefusesAMissingOrMismatchedCommunicator) {
+  const ModelConfig model = testing::small_model();
+  const StepPlan four = plan_for(model, 4), one = plan_for(model, 1);
+  auto backend = make_cpu_backend();
+  try {
+    Executor executor(four, *backend);
+    FAIL() << "a sharded plan ran without a communicator";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no communicator"), std::string::npos) << e.what();
+  }
+  LocalGroup two(2);
+  try {
+    Executor executor(four, *backend, &two.communicator(0));
+    FAIL() << "a plan for 4 ranks ran with 2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("data_parallel_shard_degree=2"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Executor(one, *backend, &two.communicator(0)), Error);
+  LocalGroup single(1);
+  EXPECT_NO_THROW(Executor(one, *backend, &single.communicator(0)));
+}
+
+TEST(ShardedConfig, RanksThatDisagreeFailNamingTheKey) {
+  std::vector<std::string> errors(3);
+  testing::run_ranks(3, [&](Communicator& c) {
+    JobConfig config;
+    if (c.rank() == 2) config.optimizer.lr = 1e-2;
+    try {
+      check_same_config(c, config_to_json(config));
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(c.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("optimizer.lr"), std::string::npos) << e;
+    EXPECT_NE(e.find("rank 2"), std::string::npos) << e;
+  }
+  // The same config (read from different paths) passes.
+  testing::run_ranks(2, [&](Communicator& c) {
+    JobConfig config;
+    config.source = "rank" + std::to_string(c.rank()) + ".toml";
+    check_same_config(c, config_to_json(config));
+  });
+}
+
+}  // namespace
+}  // namespace smelt
