@@ -15,6 +15,7 @@ namespace smelt {
 namespace {
 
 size_t aligned(size_t bytes) { return (bytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment; }
+size_t aligned_to(size_t bytes, size_t unit) { return (bytes + unit - 1) / unit * unit; }
 
 StepPlan build_with(const ModelConfig& model, PlanOptions options, const std::vector<KeepSet>& keep_sets) {
   options.keep_sets = keep_sets;
@@ -167,29 +168,41 @@ AutoPolicyResult choose_automatic_policy(const ModelConfig& model, const PlanOpt
   const size_t unit = std::max<size_t>(kBufferAlignment, aligned(static_cast<size_t>(everything / 4096) + 1));
 
   // Tighten / loosen the programme's limit until the packed arena is the largest that fits.
+  // The programme's own estimate of a choice's peak (its footprint) is what a failed choice
+  // pushes the limit below, so a choice that did not fit is never chosen again.
+  auto footprint = [&](const std::vector<int>& picks) {
+    double kept = 0, peak = 0;
+    for (int p : picks) {
+      kept += static_cast<double>(aligned_to(candidates[p].kept_bytes, unit));
+      peak = std::max(peak, kept + static_cast<double>(aligned_to(candidates[p].transient_bytes, unit)));
+    }
+    return peak;
+  };
   double fits_below = -1, fails_at = std::numeric_limits<double>::infinity();
   double limit = std::min(budget_bytes - others, everything + static_cast<double>(unit));
-  std::vector<int> previous;
-  for (int round = 0; round < 10 && fails_at - fits_below > static_cast<double>(unit); ++round) {
+  std::vector<int> last_fitting;
+  for (int round = 0; round < 24 && fails_at - fits_below > static_cast<double>(unit); ++round) {
     std::vector<int> picks = solve(candidates, model.n_layers, limit, unit);
     if (picks.empty()) {
       fits_below = std::max(fits_below, limit);
       limit = std::min(fails_at, limit + static_cast<double>(unit) * 64);
       continue;
     }
-    if (picks == previous) break;
-    previous = picks;
+    if (picks == last_fitting) break;  // a looser limit chose the same blocks: nothing more to gain
     std::vector<KeepSet> sets;
     for (int p : picks) sets.push_back(candidates[p].kept);
     StepPlan plan = build_with(model, options, sets);
     const double arena = static_cast<double>(plan.memory.arena_bytes);
     if (consider(std::move(plan), "dynamic programme")) {
+      last_fitting = picks;
       fits_below = std::max(fits_below, limit);
       if (budget_bytes - arena < static_cast<double>(unit) || limit >= everything) break;
       limit = std::min(limit + (budget_bytes - arena), (limit + fails_at) / 2);
     } else {
-      fails_at = std::min(fails_at, limit);
-      limit = std::max(limit - (arena - budget_bytes) - static_cast<double>(unit), (limit + fits_below) / 2);
+      const double tried = std::min(limit, footprint(picks));
+      fails_at = std::min(fails_at, tried);
+      limit = std::max(tried - (arena - budget_bytes) - static_cast<double>(unit), (tried + std::max(fits_below, 0.0)) / 2);
+      limit = std::min(limit, tried - static_cast<double>(unit));
     }
   }
   // Never worse than a fixed policy that fits: the programme's memory model is an estimate.

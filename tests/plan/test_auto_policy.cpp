@@ -3,6 +3,8 @@
 // `full`-like just above full's arena, and it refuses with the changes that would fit.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "core/error.h"
 #include "core/random.h"
 #include "plan/auto_policy.h"
@@ -82,6 +84,28 @@ TEST(AutoPolicy, BudgetJustAboveFullIsFullLike) {
   EXPECT_LE(static_cast<double>(result.plan.memory.arena_bytes), budget);
   EXPECT_GE(result.plan.recompute_flops(), 0.9 * full.recompute_flops());
   EXPECT_LE(result.time.seconds, cost.predict(full).seconds * (1 + 1e-9));
+}
+
+// A larger budget never gives a slower plan, and the arena uses the budget (the search does not
+// stop at a fixed policy far below it). Budgets on a fine grid from full's arena to none's.
+TEST(AutoPolicy, MoreMemoryIsNeverSlowerAndTheBudgetIsUsed) {
+  const ModelConfig model = proxy(8);
+  const CostModel cost(h200_ceilings());
+  const double low = static_cast<double>(fixed(model, "full").memory.arena_bytes) * 1.001;
+  const double high = static_cast<double>(fixed(model, "none").memory.arena_bytes);
+  double previous_seconds = std::numeric_limits<double>::infinity();
+  Random random(20261202, 3);
+  const int points = 24;
+  for (int i = 0; i < points; ++i) {
+    const double budget = low + (high - low) * (i + 0.5 * random.uniform()) / points;
+    AutoPolicyResult result = choose_automatic_policy(model, options("auto"), budget, cost);
+    const double arena = static_cast<double>(result.plan.memory.arena_bytes);
+    EXPECT_LE(arena, budget) << "budget " << budget;
+    EXPECT_LE(result.time.seconds, previous_seconds * (1 + 1e-9)) << "budget " << budget << " chose a slower plan";
+    // The budget is used: packing leaves some slack (a few activations of a block), never gigabytes.
+    EXPECT_GE(arena, budget - 0.5e9) << "budget " << budget << " left unused by " << result.chosen_by;
+    previous_seconds = result.time.seconds;
+  }
 }
 
 TEST(AutoPolicy, NothingFitsNamesTheBreakdownAndTheSmallestChanges) {
