@@ -104,6 +104,9 @@ int run_bench(const JobConfig& config, const BenchCommandOptions& options, const
   bench.steps = options.steps;
   bench.warmup = options.warmup;
   bench.trace_path = options.trace;
+  bench.calibrate_path = options.calibrate;
+  if (!options.calibrate.empty() && options.trace.empty())
+    fail(ErrorKind::config, "--calibrate needs --trace: the per-op times come from the traced steps");
   if (!options.trace.empty() && !options.matrix.empty())
     fail(ErrorKind::config, "--trace applies to one configuration; run it without --matrix");
   const std::string output = options.output.empty() ? (std::filesystem::path(config.job.dump_folder) / "bench.json").string()

@@ -23,6 +23,7 @@ struct BenchCommandOptions {
   std::string matrix;  // "precision=bf16,fp8-tensorwise ac=none,selective-op"
   std::string output;  // JSON results; default <dump_folder>/bench.json
   std::string trace;   // Chrome trace file (single configuration)
+  std::string calibrate;  // op timing cache to merge the traced per-op times into
 };
 int run_bench(const JobConfig& config, const BenchCommandOptions& options, const ConfigOptions& config_options);
 

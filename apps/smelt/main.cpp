@@ -39,6 +39,9 @@ int main(int argc, char** argv) {
   bench_command->add_option("--matrix", bench_options.matrix,
                             "Grid, e.g. \"precision=bf16,fp8-tensorwise ac=none,selective-op,full\" (one process per cell)");
   bench_command->add_option("--trace", bench_options.trace, "Chrome trace (Perfetto) of the timed steps, and a per-op summary");
+  bench_command->add_option("--calibrate", bench_options.calibrate,
+                            "With --trace: merge the measured per-op times into this op timing cache (JSON), which "
+                            "activation_checkpoint.op_timings and `smelt plan --op-timings` read");
   bench_command->add_option("--output", bench_options.output, "JSON results file (default <dump_folder>/bench.json)");
 
   GenerateOptions generate_options;

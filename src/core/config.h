@@ -69,6 +69,7 @@ struct LrSchedulerSection {
 struct ActivationCheckpointSection {
   std::string mode = "none";             // none, full, selective-op, selective-layer:N, auto
   double memory_budget_gb = 0;           // for auto; 0: device memory minus a margin
+  std::string op_timings;                // calibrated per-op timings (smelt bench --calibrate); empty: ceilings
 };
 
 struct Float8Section {

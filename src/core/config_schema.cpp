@@ -209,6 +209,9 @@ std::vector<ConfigField> config_schema() {
       bind("activation_checkpoint", "memory_budget_gb", &C::activation_checkpoint,
            &ActivationCheckpointSection::memory_budget_gb,
            "memory budget for mode auto; 0: device memory minus a margin", at_least(0)),
+      bind("activation_checkpoint", "op_timings", &C::activation_checkpoint, &ActivationCheckpointSection::op_timings,
+           "per-op timings measured on this GPU (smelt bench --trace T --calibrate FILE) for auto's cost model; "
+           "empty: FLOP and byte ceilings"),
 
       bind("float8", "recipe", &C::float8, &Float8Section::recipe,
            "which GEMMs run in float8, with which scaling",

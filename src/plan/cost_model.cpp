@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -98,9 +99,17 @@ void OpTimingCache::save(const std::string& path) const {
                        {"seconds", seconds}});
   }
   nlohmann::json j = {{"format", kTimingFormat}, {"version", kTimingVersion}, {"entries", entries}};
-  std::ofstream file(path);
-  if (!file) fail(ErrorKind::input, "cannot write the op timing cache '" + path + "'; check the folder exists");
-  file << j.dump(1) << "\n";
+  // Written whole under a temporary name, then renamed: a reader never sees half a cache.
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream file(temporary);
+    if (!file) fail(ErrorKind::input, "cannot write the op timing cache '" + path + "'; check the folder exists");
+    file << j.dump(1) << "\n";
+    if (!file.flush()) fail(ErrorKind::input, "writing the op timing cache '" + temporary + "' failed (disk full?)");
+  }
+  std::error_code error;
+  std::filesystem::rename(temporary, path, error);
+  if (error) fail(ErrorKind::input, "cannot rename '" + temporary + "' to '" + path + "': " + error.message());
 }
 
 void OpTimingCache::set(const std::string& gpu, const std::string& op, const std::string& shape, double seconds) {

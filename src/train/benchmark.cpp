@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <map>
 #include <ostream>
 #include <vector>
 
@@ -30,6 +32,25 @@ size_t device_free_bytes(const Backend& backend) {
 #endif
   (void)backend;
   return 0;
+}
+
+// Merges the traced per-op means (seconds, one entry per op of the plan, layers averaged) into
+// the op timing cache at `path`, keyed by this GPU's cost-model name and the run's shape.
+void merge_calibration(const std::string& path, const RunSetup& setup, const StepPlan& plan,
+                       const std::vector<double>& per_step_ms, std::ostream& log) {
+  OpTimingCache cache = std::filesystem::exists(path) ? OpTimingCache::load(path) : OpTimingCache{};
+  std::map<std::string, std::pair<double, int>> sums;  // op key -> (seconds, occurrences)
+  for (size_t i = 0; i < plan.steps.size() && i < per_step_ms.size(); ++i) {
+    if (!(per_step_ms[i] > 0)) continue;
+    auto& [seconds, count] = sums[op_timing_key(plan.steps[i])];
+    seconds += per_step_ms[i] / 1e3;
+    ++count;
+  }
+  const std::string shape = shape_timing_key(setup.model, plan.options, setup.float8_linears);
+  for (const auto& [op, sum] : sums) cache.set(setup.ceilings.gpu_name, op, shape, sum.first / sum.second);
+  cache.save(path);
+  log << "calibration: " << sums.size() << " op timings on " << setup.ceilings.gpu_name << " for '" << shape
+      << "' merged into " << path << " (" << cache.size() << " entries)\n";
 }
 
 std::string precision_name(const JobConfig& c) {
@@ -107,6 +128,7 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
     write_chrome_trace(options.trace_path, plan, per_step_ms);
     log << "\nwhere the time goes (mean of " << options.steps << " traced steps; trace: " << options.trace_path << ")\n"
         << trace_summary(plan, per_step_ms) << std::flush;
+    if (!options.calibrate_path.empty()) merge_calibration(options.calibrate_path, setup, plan, per_step_ms, log);
   }
   const size_t free_after = device_free_bytes(*backend);
   if (backend->device() == Device::cuda)

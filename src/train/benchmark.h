@@ -15,6 +15,7 @@ struct BenchOptions {
   int64_t steps = 10;   // timed steps
   int64_t warmup = 3;   // untimed steps first
   std::string trace_path;  // Chrome trace of the last timed step; also prints where the time goes
+  std::string calibrate_path;  // with a trace: op timing cache (JSON) the per-op means are merged into
 };
 
 struct BenchResult {

@@ -84,8 +84,9 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   setup.ceilings.memory_bytes = target.device_memory_bytes > 0 ? target.device_memory_bytes
                                 : cuda                          ? setup.ceilings.memory_bytes
                                                                 : machine_memory_bytes();
-  if (!target.op_timings_path.empty())
-    setup.op_timings = std::make_shared<OpTimingCache>(OpTimingCache::load(target.op_timings_path));
+  const std::string& timings =
+      target.op_timings_path.empty() ? config.activation_checkpoint.op_timings : target.op_timings_path;
+  if (!timings.empty()) setup.op_timings = std::make_shared<OpTimingCache>(OpTimingCache::load(timings));
   setup.float8_linears = config.float8.recipe != "none";
   setup.memory_budget_explicit = config.activation_checkpoint.memory_budget_gb > 0;
   setup.memory_budget_bytes = setup.memory_budget_explicit ? config.activation_checkpoint.memory_budget_gb * 1e9

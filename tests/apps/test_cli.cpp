@@ -93,3 +93,34 @@ TEST(Cli, CudaWithoutAGpuIsAClearError) {
 }
 
 }  // namespace
+
+// Calibration: the per-op times a traced bench measures become the planner's costs, so the
+// calibrated prediction lands near the measured speed (the uncalibrated one is a roofline guess).
+TEST(Cli, BenchCalibrationFeedsThePlannersCostModel) {
+  const fs::path folder = fs::temp_directory_path() / ("smelt-calibrate-" + std::to_string(::getpid()));
+  fs::create_directories(folder);
+  const std::string model = " --config " + config("debug.toml") +
+                            " --model.tokenizer_path=byte --model.n_layers=2 --training.seq_len=64";
+  const std::string cache = (folder / "timings.json").string();
+  Outcome missing_trace = run_smelt("bench" + model + " --steps 1 --warmup 0 --calibrate " + cache);
+  EXPECT_EQ(missing_trace.exit_code, 2) << missing_trace.output;
+  EXPECT_NE(missing_trace.output.find("--calibrate needs --trace"), std::string::npos) << missing_trace.output;
+  EXPECT_FALSE(fs::exists(cache));
+
+  Outcome bench = run_smelt("bench" + model + " --steps 3 --warmup 1 --trace " + (folder / "trace.json").string() +
+                            " --calibrate " + cache + " --output " + (folder / "bench.json").string());
+  ASSERT_EQ(bench.exit_code, 0) << bench.output;
+  ASSERT_TRUE(fs::exists(cache)) << bench.output;
+  const auto entries = nlohmann::json::parse(std::ifstream(cache))["entries"];
+  EXPECT_GT(entries.size(), 10u);
+  for (const auto& e : entries) EXPECT_GT(e["seconds"].get<double>(), 0) << e.dump();
+
+  Outcome plan = run_smelt("plan" + model + " --format json --op-timings " + cache);
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  const auto j = nlohmann::json::parse(plan.output);
+  EXPECT_GT(j["prediction"]["calibrated_steps"].get<int>(), 10) << plan.output;
+  Outcome bad = run_smelt("plan" + model + " --activation_checkpoint.op_timings=" + (folder / "trace.json").string());
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("op timing cache"), std::string::npos) << bad.output;
+  fs::remove_all(folder);
+}
