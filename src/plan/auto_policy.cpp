@@ -297,8 +297,11 @@ std::string does_not_fit_message(const StepPlan& plan, double budget_bytes, cons
   for (size_t c = 0; c < static_cast<size_t>(BufferClass::count); ++c) {
     const size_t bytes = plan.bytes_of(static_cast<BufferClass>(c));
     if (bytes == 0) continue;
-    text += " " + std::string(buffer_class_name(static_cast<BufferClass>(c))) + " " +
-            format_bytes(plan.memory.live_by_class[plan.memory.peak_step][c]) + ";";
+    text += ' ';
+    text += buffer_class_name(static_cast<BufferClass>(c));
+    text += ' ';
+    text += format_bytes(plan.memory.live_by_class[plan.memory.peak_step][c]);
+    text += ';';
   }
   text += " (live at the peak)\n";
   if (changes.empty()) {
