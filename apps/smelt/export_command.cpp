@@ -29,19 +29,19 @@ SavedModel read_source(const ExportCommandOptions& options) {
     saved.parameters = load_hf_weights(from, hf.model);
     return saved;
   }
-  std::string file = from;
+  std::string source = from;
   if (fs::is_directory(from)) {
     if (fs::exists(fs::path(from) / "model.safetensors")) {
-      file = (fs::path(from) / "model.safetensors").string();  // a run folder or one checkpoint
-    } else {
+      source = (fs::path(from) / "model.safetensors").string();  // a run folder or one checkpoint
+    } else if (!fs::exists(fs::path(from) / "index.json")) {    // (index.json alone: a sharded checkpoint)
       const std::string newest = find_newest_checkpoint(from);
       if (newest.empty())
         fail(ErrorKind::input, "--from '" + from + "' holds no model.safetensors, no checkpoint and no config.json; "
                                "expected a run folder, a checkpoint (folder) or a Hugging Face folder");
-      file = newest + "/model.safetensors";
+      source = newest;  // its model.safetensors, or every rank's model files of a sharded one
     }
   }
-  SavedModel saved = load_model_weights(file);
+  SavedModel saved = load_model_weights(source);
   if (options.seq_len > 0) saved.seq_len = options.seq_len;
   return saved;
 }

@@ -76,6 +76,7 @@ struct Float8Section {
   std::string recipe = "none";           // none, tensorwise, rowwise, rowwise_with_gw_hp, blockwise
   std::vector<std::string> filter_fqns = {"output"};
   std::string fusion = "full";           // full, linear
+  bool all_gather = true;                // sharded tensorwise runs: gather float8 weights in e4m3
 };
 
 struct ParallelismSection {

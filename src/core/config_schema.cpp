@@ -221,12 +221,17 @@ std::vector<ConfigField> config_schema() {
       bind("float8", "fusion", &C::float8, &Float8Section::fusion,
            "full: cast and scale fused into neighbouring kernels; linear: inside the linear only",
            one_of({"full", "linear"})),
+      bind("float8", "all_gather", &C::float8, &Float8Section::all_gather,
+           "sharded runs with the tensorwise recipe: all-gather float8 linears' weights in e4m3 (scales from "
+           "one all-reduce of every weight's amax) instead of bf16; other recipes gather in bf16"),
 
       bind("parallelism", "data_parallel_shard_degree", &C::parallelism,
            &ParallelismSection::data_parallel_shard_degree, "FSDP ranks the weights are sharded over",
            at_least(1)),
       bind("parallelism", "data_parallel_replicate_degree", &C::parallelism,
-           &ParallelismSection::data_parallel_replicate_degree, "data-parallel replicas", at_least(1)),
+           &ParallelismSection::data_parallel_replicate_degree,
+           "data-parallel replicas: plain data parallel (shard degree 1) or HSDP (replicas of shard groups); "
+           "shard degree x replicate degree must equal the number of ranks", at_least(1)),
       bind("parallelism", "reduce_dtype", &C::parallelism, &ParallelismSection::reduce_dtype,
            "dtype gradients are reduce-scattered in (FSDP); the optimizer's shards stay float32",
            one_of({"float32", "bfloat16"})),

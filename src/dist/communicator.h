@@ -13,6 +13,7 @@ namespace smelt {
 enum class ReduceOp : uint8_t {
   sum,
   average,  // the sum divided by the world size (what data-parallel gradients and losses need)
+  max,      // the largest value (float8 amax shared by every rank)
 };
 
 // Collectives are issued in order; on a GPU they run on the communicator's own stream, each
@@ -44,6 +45,12 @@ class Communicator {
   // Start-up only (host memory, no device buffers): every rank's `text`, in rank order.
   virtual std::vector<std::string> exchange_text(const std::string& text) = 0;
 
+  // Start-up only, collective: the ranks passing the same `color` form a new communicator
+  // (HSDP's shard and replica groups), ranked in the order of their ranks here. Collectives of
+  // the parent and of what is split from it run in the order they are issued (NCCL: on the
+  // parent's stream). exchange_text and barrier stay on the parent.
+  virtual std::unique_ptr<Communicator> split(int color) = 0;
+
   // Synchronous shorthands (tests, start-up).
   void all_reduce_sum(TensorView data) { wait(all_reduce(data, ReduceOp::sum)); }
   void reduce_scatter_sum(TensorView full, TensorView shard) { wait(reduce_scatter(full, shard, ReduceOp::sum)); }
@@ -51,7 +58,8 @@ class Communicator {
 
 // A group of `world_size` in-process ranks; communicator(r) is used by the thread of rank r.
 // Reductions add in rank order (in float for f32 and bf16, rounded once; in double for f64), so
-// results are deterministic and identical on every rank. Views must be host memory.
+// results are deterministic and identical on every rank. Views must be host memory. Groups split
+// from it share the rendezvous's failure: abandon() releases their waiters too.
 class LocalGroup {
  public:
   explicit LocalGroup(int world_size);

@@ -1,7 +1,9 @@
 // In-process communicator: ranks are threads sharing a rendezvous table. Synchronous;
 // a rank that fails abandons the group so the others stop waiting and fail too.
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 #include "core/error.h"
@@ -71,13 +73,26 @@ double load(const TensorView& v, int64_t i) {
 }  // namespace
 
 struct LocalGroup::State {
-  explicit State(int world) : world_size(world), sync(world), pointers(static_cast<size_t>(world)),
-                              texts(static_cast<size_t>(world)) {}
+  explicit State(int world, State* parent = nullptr)
+      : world_size(world), sync(world), pointers(static_cast<size_t>(world)), texts(static_cast<size_t>(world)),
+        root(parent ? parent->root : this) {}
   int world_size;
   BreakableBarrier sync;
   std::vector<TensorView> pointers;
   std::vector<std::string> texts;
   std::vector<std::unique_ptr<Communicator>> communicators;
+  // Split groups: the root owns every group split from it (directly or not), so one failure
+  // releases them all; `forming` hands a new group from its first rank to the others.
+  State* root;
+  std::mutex groups_mutex;
+  std::vector<std::shared_ptr<State>> groups;
+  std::map<int, std::shared_ptr<State>> forming;
+
+  void break_everything() {
+    root->sync.break_all();
+    std::lock_guard lock(root->groups_mutex);
+    for (auto& group : root->groups) group->sync.break_all();
+  }
 };
 
 namespace {
@@ -85,6 +100,8 @@ namespace {
 class LocalCommunicator final : public Communicator {
  public:
   LocalCommunicator(LocalGroup::State& state, int rank) : state_(state), rank_(rank) {}
+  LocalCommunicator(std::shared_ptr<LocalGroup::State> group, int rank)
+      : state_(*group), rank_(rank), group_(std::move(group)) {}
   int rank() const override { return rank_; }
   int world_size() const override { return state_.world_size; }
   std::string name() const override { return "local threads"; }
@@ -146,6 +163,31 @@ class LocalCommunicator final : public Communicator {
     guarded([&] { state_.sync.arrive_and_wait(); });
   }
 
+  std::unique_ptr<Communicator> split(int color) override {
+    const std::vector<std::string> colors = exchange_text(std::to_string(color));
+    int size = 0, rank_in_group = 0, first = -1;
+    for (int r = 0; r < state_.world_size; ++r) {
+      if (std::stoi(colors[static_cast<size_t>(r)]) != color) continue;
+      if (first < 0) first = r;
+      if (r < rank_) ++rank_in_group;
+      ++size;
+    }
+    std::shared_ptr<LocalGroup::State> group;
+    guarded([&] {
+      if (rank_ == first) {
+        group = std::make_shared<LocalGroup::State>(size, &state_);
+        std::lock_guard lock(state_.root->groups_mutex);
+        state_.root->groups.push_back(group);
+        state_.forming[color] = group;
+      }
+      state_.sync.arrive_and_wait();
+      if (rank_ != first) group = state_.forming.at(color);
+      state_.sync.arrive_and_wait();
+      if (rank_ == 0) state_.forming.clear();  // the next split starts with a barrier
+    });
+    return std::make_unique<LocalCommunicator>(std::move(group), rank_in_group);
+  }
+
   std::vector<std::string> exchange_text(const std::string& text) override {
     std::vector<std::string> all;
     guarded([&] {
@@ -164,7 +206,7 @@ class LocalCommunicator final : public Communicator {
     try {
       body();
     } catch (...) {
-      state_.sync.break_all();
+      state_.break_everything();
       throw;
     }
   }
@@ -189,6 +231,11 @@ class LocalCommunicator final : public Communicator {
   // Element i reduced over ranks in rank order: float additions for f32 and bf16 (as a GPU
   // reduction of those types would), double for f64.
   double reduce(int64_t i, ReduceOp op, DType dtype) const {
+    if (op == ReduceOp::max) {
+      double largest = load(state_.pointers[0], i);
+      for (const auto& peer : state_.pointers) largest = std::max(largest, load(peer, i));
+      return largest;
+    }
     if (dtype == DType::f64) {
       double sum = 0;
       for (const auto& peer : state_.pointers) sum += load(peer, i);
@@ -209,6 +256,7 @@ class LocalCommunicator final : public Communicator {
 
   LocalGroup::State& state_;
   int rank_;
+  std::shared_ptr<LocalGroup::State> group_;  // split groups: keeps the group alive
 };
 
 }  // namespace
@@ -221,7 +269,7 @@ LocalGroup::LocalGroup(int world_size) {
 
 LocalGroup::~LocalGroup() = default;
 
-void LocalGroup::abandon() { state_->sync.break_all(); }
+void LocalGroup::abandon() { state_->break_everything(); }
 
 Communicator& LocalGroup::communicator(int rank) { return *state_->communicators.at(static_cast<size_t>(rank)); }
 

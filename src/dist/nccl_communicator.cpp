@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstring>
+#include <memory>
 
 #include "dist/tcp_rendezvous.h"
 #endif
@@ -67,12 +68,13 @@ void check_device(const TensorView& v, const char* what) {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const LaunchEnvironment& env, void* compute_stream)
-      : env_(env), rendezvous_(env), compute_(static_cast<cudaStream_t>(compute_stream)) {
+      : rank_(env.rank), world_size_(env.world_size), rendezvous_(std::make_unique<TcpRendezvous>(env)),
+        compute_(static_cast<cudaStream_t>(compute_stream)) {
     ncclUniqueId id;
     std::memset(&id, 0, sizeof id);
     if (env.rank == 0) SMELT_NCCL_CHECK(ncclGetUniqueId(&id));
     const std::vector<std::string> all =
-        rendezvous_.exchange(env.rank == 0 ? std::string(reinterpret_cast<const char*>(&id), sizeof id) : "");
+        rendezvous_->exchange(env.rank == 0 ? std::string(reinterpret_cast<const char*>(&id), sizeof id) : "");
     if (all[0].size() != sizeof id)
       fail(ErrorKind::device, "rendezvous: rank 0 sent a " + std::to_string(all[0].size()) +
                                   "-byte NCCL id, expected " + std::to_string(sizeof id) +
@@ -80,10 +82,15 @@ class NcclCommunicator final : public Communicator {
     std::memcpy(&id, all[0].data(), sizeof id);
     SMELT_NCCL_CHECK(ncclCommInitRank(&comm_, env.world_size, id, env.rank));
     SMELT_NCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    for (size_t i = 0; i < kEvents; ++i) {
-      SMELT_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_[i], cudaEventDisableTiming));
-      SMELT_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
-    }
+    owns_stream_ = true;
+    create_events();
+  }
+
+  // A group split from `parent`: its own NCCL communicator and events, the parent's streams.
+  NcclCommunicator(ncclComm_t comm, cudaStream_t compute, cudaStream_t stream) : compute_(compute), stream_(stream), comm_(comm) {
+    SMELT_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
+    SMELT_NCCL_CHECK(ncclCommCount(comm_, &world_size_));
+    create_events();
   }
 
   ~NcclCommunicator() override {
@@ -94,12 +101,21 @@ class NcclCommunicator final : public Communicator {
       if (ready_[i]) cudaEventDestroy(ready_[i]);
       if (done_[i]) cudaEventDestroy(done_[i]);
     }
-    if (stream_) cudaStreamDestroy(stream_);
+    if (stream_ && owns_stream_) cudaStreamDestroy(stream_);
   }
 
-  int rank() const override { return env_.rank; }
-  int world_size() const override { return env_.world_size; }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
   std::string name() const override { return "nccl"; }
+
+  std::unique_ptr<Communicator> split(int color) override {
+    ncclComm_t group = nullptr;
+    SMELT_NCCL_CHECK(ncclCommSplit(comm_, color, rank_, &group, nullptr));
+    if (!group)
+      fail(ErrorKind::device, "NCCL: ncclCommSplit gave rank " + std::to_string(rank_) + " no communicator for color " +
+                                  std::to_string(color) + "; every rank must pass a non-negative color");
+    return std::make_unique<NcclCommunicator>(group, compute_, stream_);
+  }
 
   CollectiveHandle all_reduce(TensorView data, ReduceOp op) override {
     check_device(data, "all_reduce");
@@ -112,8 +128,8 @@ class NcclCommunicator final : public Communicator {
   CollectiveHandle all_gather(TensorView shard, TensorView full) override {
     check_device(shard, "all_gather");
     check_device(full, "all_gather");
-    if (full.dtype != shard.dtype || full.numel() != shard.numel() * env_.world_size)
-      fail(ErrorKind::internal, "all_gather: expected `full` to hold " + std::to_string(env_.world_size) +
+    if (full.dtype != shard.dtype || full.numel() != shard.numel() * world_size_)
+      fail(ErrorKind::internal, "all_gather: expected `full` to hold " + std::to_string(world_size_) +
                                     " shards of " + shard.str() + ", found " + full.str());
     return issue([&] {
       SMELT_NCCL_CHECK(ncclAllGather(shard.data, full.data, static_cast<size_t>(shard.numel()),
@@ -124,8 +140,8 @@ class NcclCommunicator final : public Communicator {
   CollectiveHandle reduce_scatter(TensorView full, TensorView shard, ReduceOp op) override {
     check_device(full, "reduce_scatter");
     check_device(shard, "reduce_scatter");
-    if (full.dtype != shard.dtype || full.numel() != shard.numel() * env_.world_size)
-      fail(ErrorKind::internal, "reduce_scatter: expected `full` to hold " + std::to_string(env_.world_size) +
+    if (full.dtype != shard.dtype || full.numel() != shard.numel() * world_size_)
+      fail(ErrorKind::internal, "reduce_scatter: expected `full` to hold " + std::to_string(world_size_) +
                                     " shards of " + shard.str() + ", found " + full.str());
     return issue([&] {
       SMELT_NCCL_CHECK(ncclReduceScatter(full.data, shard.data, static_cast<size_t>(shard.numel()),
@@ -140,13 +156,34 @@ class NcclCommunicator final : public Communicator {
   }
 
   void synchronize() override { SMELT_NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-  void barrier() override { rendezvous_.exchange(""); }
-  std::vector<std::string> exchange_text(const std::string& text) override { return rendezvous_.exchange(text); }
+  void barrier() override { rendezvous().exchange(""); }
+  std::vector<std::string> exchange_text(const std::string& text) override { return rendezvous().exchange(text); }
 
  private:
   static constexpr size_t kEvents = 256;
 
-  static ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::average ? ncclAvg : ncclSum; }
+  static ncclRedOp_t nccl_op(ReduceOp op) {
+    switch (op) {
+      case ReduceOp::average: return ncclAvg;
+      case ReduceOp::max: return ncclMax;
+      case ReduceOp::sum: break;
+    }
+    return ncclSum;
+  }
+
+  TcpRendezvous& rendezvous() {
+    if (!rendezvous_)
+      fail(ErrorKind::internal, "barrier / exchange_text on a communicator split from another: call them on the "
+                                "communicator of every rank (the parent)");
+    return *rendezvous_;
+  }
+
+  void create_events() {
+    for (size_t i = 0; i < kEvents; ++i) {
+      SMELT_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_[i], cudaEventDisableTiming));
+      SMELT_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
+    }
+  }
 
   // The collective starts after the compute stream's queued work and records its completion.
   template <typename Launch>
@@ -160,9 +197,10 @@ class NcclCommunicator final : public Communicator {
     return handle;
   }
 
-  LaunchEnvironment env_;
-  TcpRendezvous rendezvous_;
+  int rank_ = 0, world_size_ = 1;
+  std::unique_ptr<TcpRendezvous> rendezvous_;  // null in split groups
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
+  bool owns_stream_ = false;
   ncclComm_t comm_ = nullptr;
   std::array<cudaEvent_t, kEvents> ready_{}, done_{};
   CollectiveHandle next_ = 0;

@@ -266,10 +266,14 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
     case StepKind::optimizer: bytes = 28 * local_parameters(), launches = 2; break;  // read p g m v, write p m v
     case StepKind::cast_weights: bytes = (4 + width) * local_parameters(); break;
     case StepKind::loss_reduce: bytes = tokens * 4; break;
+    case StepKind::float8_shard_amax: bytes = 2 * local_parameters(); break;  // the weight shards, read once (upper bound)
+    case StepKind::float8_shard_cast: bytes = 3 * local_parameters(); break;  // read, write e4m3
     case StepKind::all_gather:
     case StepKind::reduce_scatter:
+    case StepKind::all_reduce_gradients:
     case StepKind::all_reduce_gradient_norm:
-    case StepKind::all_reduce_loss: return 0;  // communication: predict() adds it, with its overlap
+    case StepKind::all_reduce_loss:
+    case StepKind::all_reduce_float8_amax: return 0;  // communication: predict() adds it, with its overlap
   }
   const double bandwidth = c.elementwise_bytes_per_second;
   return std::max(flops / flop_rate, bytes / bandwidth) + extra_bytes / bandwidth + launches * c.kernel_launch_seconds;
@@ -307,21 +311,27 @@ PlanTime CostModel::predict(const StepPlan& plan) const {
     if (s.kind == StepKind::layer_recompute || s.kind == StepKind::layer_backward) backward[s.layer] += seconds;
     if (s.kind == StepKind::output_head) head += seconds;
   }
-  const double degree = static_cast<double>(o.shard_degree);
-  if (o.shard_degree > 1) {
+  const double degree = static_cast<double>(o.shard_degree), replicas = static_cast<double>(o.replicate_degree);
+  if (o.shard_degree > 1 || o.replicate_degree > 1) {
     // FSDP: each block's weights are gathered before its forward and again before its backward,
     // its gradients reduce-scattered after; the next block's transfer overlaps this block's compute.
+    // Replicas (plain data parallel, HSDP): the unit's gradients (or shard) are then all-reduced over
+    // the replica group, which a ring does in 2 (R-1)/R of their size per rank.
     const double share = (degree - 1) / degree, bandwidth = ceilings_.collective_bytes_per_second;
+    const double replica_share = 2 * (replicas - 1) / replicas / degree;
     const double compute_width = static_cast<double>(dtype_size(o.compute_dtype));
     const double master_width = static_cast<double>(dtype_size(o.reduce_dtype));  // gradients travel in it
+    const double block_width = plan.float8_gathered() ? 1.0 : compute_width;   // float8 all-gather: e4m3 blocks
     const double block = static_cast<double>(m.layer_parameters());
-    const double gather = block * compute_width * share / bandwidth, scatter = block * master_width * share / bandwidth;
+    const double gather = block * block_width * share / bandwidth;
+    const double scatter = block * master_width * (share + replica_share) / bandwidth;
     for (int64_t i = 0; i < m.n_layers; ++i) {
       t.communication_seconds += 2 * gather + scatter;
       t.exposed_communication_seconds += std::max(0.0, gather - forward[i]) + std::max(0.0, gather + scatter - backward[i]);
     }
     const double ends = static_cast<double>(m.embedding_parameters() + m.vocab_size * m.dim);
-    const double ends_gather = ends * compute_width * share / bandwidth, ends_scatter = ends * master_width * share / bandwidth;
+    const double ends_gather = ends * compute_width * share / bandwidth;
+    const double ends_scatter = ends * master_width * (share + replica_share) / bandwidth;
     t.communication_seconds += 2 * ends_gather + ends_scatter;
     // The embedding's gather starts the step (exposed); the output head's traffic overlaps the head.
     const double embedding_share = static_cast<double>(m.embedding_parameters()) / ends;

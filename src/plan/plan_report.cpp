@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plan/shard_layout.h"
+
 namespace smelt {
 
 std::string format_bytes(size_t bytes) {
@@ -26,6 +28,46 @@ std::string plan_summary_line(const StepPlan& plan) {
       << plan.options.shape.tokens() << " tokens/step (batch " << plan.options.shape.batch << " x seq "
       << plan.options.shape.seq_len << "), " << plan.steps.size() << " steps, arena "
       << format_bytes(plan.memory.arena_bytes) << " (peak at '" << plan.steps[plan.memory.peak_step].name() << "')";
+  return out.str();
+}
+
+std::string parallel_layout(const StepPlan& plan) {
+  const int64_t shard = plan.options.shard_degree, replicas = plan.options.replicate_degree;
+  std::ostringstream out;
+  out << plan.world_size() << " ranks = " << replicas << " replica(s) x " << shard << " shard(s)";
+  if (plan.sharded() && plan.replicated())
+    out << " (HSDP: sharded within groups of " << shard << " consecutive ranks, replicated across " << replicas
+        << " groups)";
+  else if (plan.sharded())
+    out << " (FSDP: parameters, gradients, optimizer state and weight copies divided by " << shard << ")";
+  else
+    out << " (plain data parallel: every rank holds the whole model, gradients all-reduced per unit)";
+  return out.str();
+}
+
+std::string communication_summary(const StepPlan& plan) {
+  const CommunicationVolume v = communication_volume(plan);
+  int gathers = 0, scatters = 0, reduces = 0;
+  for (const Step& s : plan.steps) {
+    gathers += s.kind == StepKind::all_gather;
+    scatters += s.kind == StepKind::reduce_scatter;
+    reduces += s.kind == StepKind::all_reduce_gradients;
+  }
+  std::ostringstream out;
+  if (gathers > 0)
+    out << gathers << " all-gathers ("
+        << (plan.float8_gathered() ? "e4m3 float8 linears, the rest " + std::string(dtype_name(plan.options.compute_dtype))
+                                   : std::string(dtype_name(v.gather_dtype)))
+        << "), " << format_bytes(size_t(v.all_gather_bytes))
+        << "; ";
+  if (scatters > 0)
+    out << scatters << " reduce-scatters (" << dtype_name(v.reduce_dtype) << "), "
+        << format_bytes(size_t(v.reduce_scatter_bytes)) << "; ";
+  if (reduces > 0 || v.all_reduce_bytes > 0)
+    out << reduces << " gradient all-reduces over replicas (" << dtype_name(v.reduce_dtype) << ") and small ones, "
+        << format_bytes(size_t(v.all_reduce_bytes)) << "; ";
+  out << format_bytes(size_t(v.total_bytes())) << " per step per rank (buffer sizes; a ring sends (N-1)/N of a "
+      << "gather or reduce-scatter, 2(N-1)/N of an all-reduce)";
   return out.str();
 }
 
@@ -65,14 +107,15 @@ std::string format_plan(const StepPlan& plan, bool list_steps) {
   char line[512];
   out << "model:   " << describe(plan.model) << "\n";
   out << "plan:    " << plan_summary_line(plan) << "\n";
-  if (plan.options.shard_degree > 1)
-    out << "layout:  FSDP over " << plan.options.shard_degree << " ranks (parallelism.data_parallel_shard_degree): "
-        << "parameters, gradients, optimizer state and weight copies are divided by " << plan.options.shard_degree
-        << "; memory below is one rank's\n";
+  if (plan.data_parallel() && plan.world_size() > 1) {
+    out << "layout:  " << parallel_layout(plan) << "; memory below is one rank's\n";
+    out << "comms:   " << communication_summary(plan) << "\n";
+  }
   if (plan.float8_scratch >= 0) {
     out << "float8:  recipe " << float8_recipe_name(plan.options.float8.recipe)
         << (plan.float8_weights >= 0 ? "; weights quantised once per step (after the optimizer) into W and W^T copies"
-                                     : "; weights quantised at each use (sharded plan)")
+            : plan.float8_gathered() ? "; weights gathered in e4m3 (scales from one amax all-reduce), W^T made after the gather"
+                                     : "; weights quantised at each use (sharded plan, gathered in bf16)")
         << "\n";
     for (const auto& [name, bytes] : float8_buffers(plan))
       out << "         " << name << ": " << format_bytes(bytes) << "\n";
@@ -150,15 +193,15 @@ std::string format_prediction(const StepPlan& plan, const PlanTime& time, double
   std::snprintf(line, sizeof line, "%.3f s/step (compute %.3f s, of which recompute %.3f s", time.seconds,
                 time.compute_seconds, time.recompute_seconds);
   std::string text = line;
-  if (plan.options.shard_degree > 1) {
+  if (plan.world_size() > 1) {
     std::snprintf(line, sizeof line, "; communication %.3f s, exposed %.3f s", time.communication_seconds,
                   time.exposed_communication_seconds);
     text += line;
   }
   text += "): " + thousands(time.tokens_per_second) + " tokens/s per GPU";
-  if (plan.options.shard_degree > 1)
-    text += ", " + thousands(time.tokens_per_second * static_cast<double>(plan.options.shard_degree)) + " over " +
-            std::to_string(plan.options.shard_degree) + " GPUs";
+  if (plan.world_size() > 1)
+    text += ", " + thousands(time.tokens_per_second * static_cast<double>(plan.world_size())) + " over " +
+            std::to_string(plan.world_size()) + " GPUs";
   std::snprintf(line, sizeof line, ", MFU %.1f%%", 100 * model_flops_utilization(plan, time, peak_flops));
   text += line;
   if (time.calibrated_steps > 0) text += " (" + std::to_string(time.calibrated_steps) + " steps from calibrated timings)";
@@ -172,7 +215,7 @@ nlohmann::json prediction_to_json(const StepPlan& plan, const PlanTime& time, do
           {"communication_seconds", time.communication_seconds},
           {"exposed_communication_seconds", time.exposed_communication_seconds},
           {"tokens_per_second_per_gpu", time.tokens_per_second},
-          {"tokens_per_second", time.tokens_per_second * static_cast<double>(plan.options.shard_degree)},
+          {"tokens_per_second", time.tokens_per_second * static_cast<double>(plan.world_size())},
           {"mfu", model_flops_utilization(plan, time, peak_flops)},
           {"calibrated_steps", time.calibrated_steps}};
 }
@@ -200,6 +243,16 @@ nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps) {
   j["batch_size"] = plan.options.shape.batch;
   j["seq_len"] = plan.options.shape.seq_len;
   j["data_parallel_shard_degree"] = plan.options.shard_degree;
+  j["data_parallel_replicate_degree"] = plan.options.replicate_degree;
+  if (plan.data_parallel()) {
+    const CommunicationVolume v = communication_volume(plan);
+    j["communication"] = {{"gather_dtype", std::string(dtype_name(v.gather_dtype))},
+                          {"reduce_dtype", std::string(dtype_name(v.reduce_dtype))},
+                          {"all_gather_bytes", v.all_gather_bytes},
+                          {"reduce_scatter_bytes", v.reduce_scatter_bytes},
+                          {"all_reduce_bytes", v.all_reduce_bytes},
+                          {"bytes_per_step", v.total_bytes()}};
+  }
   j["arena_bytes"] = plan.memory.arena_bytes;
   j["peak_live_bytes"] = plan.memory.peak_live_bytes;
   j["peak_step"] = plan.steps[plan.memory.peak_step].name();

@@ -13,6 +13,10 @@ namespace smelt {
 std::string format_bytes(size_t bytes);  // "1.23 GiB", "456.0 MiB"
 // "selective-op, bf16, 8192 tokens/step, 195 steps, arena 53.12 GiB (peak at backward layers.7.attention.sdpa)"
 std::string plan_summary_line(const StepPlan& plan);
+// Data-parallel plans: "8 ranks = 2 replica(s) x 4 shard(s) (HSDP: ...)", and the step's
+// collectives with their dtypes and bytes (communication_volume).
+std::string parallel_layout(const StepPlan& plan);
+std::string communication_summary(const StepPlan& plan);
 // The memory breakdown by class (sizes and what is live at the peak), per-layer kept activations,
 // recompute FLOPs; with `list_steps`, every step with its FLOPs and live memory.
 std::string format_plan(const StepPlan& plan, bool list_steps);

@@ -55,17 +55,81 @@ int64_t ShardLayout::largest_padded() const {
   return largest;
 }
 
+void ShardLayout::gather_in_float8(const ParameterLayout& layout,
+                                   const std::vector<std::array<bool, kLayerWeightCount>>& float8) {
+  for (size_t layer = 0; layer < float8.size(); ++layer) {
+    ShardUnit& u = units_.at(static_cast<size_t>(block_unit(static_cast<int64_t>(layer))));
+    u.float8_ranges.clear();
+    for (int w = 0; w < kLayerWeightCount; ++w) {
+      if (!float8[layer][static_cast<size_t>(w)]) continue;
+      const ParameterInfo& p = layout.layer(static_cast<int64_t>(layer), static_cast<LayerWeight>(w));
+      u.float8_ranges.emplace_back(p.offset - u.offset, p.offset - u.offset + p.numel());
+    }
+    std::sort(u.float8_ranges.begin(), u.float8_ranges.end());
+    u.remainder = 0;
+    if (!u.float8_gathered()) continue;
+    for (int64_t r = 0; r < ranks_; ++r) {
+      int64_t count = 0;
+      for (const auto& run : remainder_runs(u, r)) count += run.second;
+      u.remainder = std::max(u.remainder, count);
+    }
+  }
+}
+
+std::vector<std::pair<int64_t, int64_t>> ShardLayout::remainder_runs(const ShardUnit& unit, int64_t rank) const {
+  // Excluded from the remainder: float8 weights and gaps (which hold no parameter).
+  std::vector<std::pair<int64_t, int64_t>> excluded = unit.float8_ranges;
+  excluded.insert(excluded.end(), unit.gaps.begin(), unit.gaps.end());
+  std::sort(excluded.begin(), excluded.end());
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  const int64_t first = rank * unit.shard, last = first + unit.shard;
+  int64_t cursor = first;
+  auto keep = [&](int64_t begin, int64_t end) {
+    begin = std::max(begin, first);
+    end = std::min(end, last);
+    if (end > begin) runs.emplace_back(begin, end - begin);
+  };
+  for (const auto& [begin, end] : excluded) {
+    if (begin > cursor) keep(cursor, begin);
+    cursor = std::max(cursor, end);
+  }
+  keep(cursor, last);
+  return runs;
+}
+
+int64_t ShardLayout::largest_remainder() const {
+  int64_t largest = 0;
+  for (const auto& u : units_) largest = std::max(largest, u.remainder);
+  return largest;
+}
+
 CommunicationVolume communication_volume(const StepPlan& plan) {
   CommunicationVolume v;
-  v.gather_dtype = plan.options.compute_dtype;
+  v.gather_dtype = plan.float8_gathered() ? DType::e4m3 : plan.options.compute_dtype;
   v.reduce_dtype = plan.options.reduce_dtype == DType::bf16 ? DType::bf16 : master_dtype(plan.options.compute_dtype);
-  if (!plan.sharded()) return v;
-  const ShardLayout layout(ParameterLayout(plan.model), plan.options.shard_degree);
+  if (!plan.data_parallel()) return v;
+  ShardLayout layout(ParameterLayout(plan.model), plan.sharded() ? plan.options.shard_degree : 1);
+  if (plan.float8_gathered()) {
+    std::vector<std::array<bool, kLayerWeightCount>> float8;
+    for (const auto& lb : plan.layers) float8.push_back(lb.float8);
+    layout.gather_in_float8(ParameterLayout(plan.model), float8);
+  }
+  const double compute_width = static_cast<double>(dtype_size(plan.options.compute_dtype));
+  const double reduce_width = static_cast<double>(dtype_size(v.reduce_dtype));
   for (const Step& step : plan.steps) {
-    if (step.kind == StepKind::all_gather)
-      v.all_gather_bytes += static_cast<double>(layout.unit(step.unit).padded) * static_cast<double>(dtype_size(v.gather_dtype));
+    if (step.kind == StepKind::all_gather) {
+      const ShardUnit& u = layout.unit(step.unit);
+      v.all_gather_bytes += u.float8_gathered()
+                                ? static_cast<double>(u.padded) + static_cast<double>(u.remainder * layout.ranks()) * compute_width
+                                : static_cast<double>(u.padded) * compute_width;
+    }
     if (step.kind == StepKind::reduce_scatter)
-      v.reduce_scatter_bytes += static_cast<double>(layout.unit(step.unit).padded) * static_cast<double>(dtype_size(v.reduce_dtype));
+      v.reduce_scatter_bytes += static_cast<double>(layout.unit(step.unit).padded) * reduce_width;
+    if (step.kind == StepKind::all_reduce_gradients)  // the unit (plain data parallel) or its shard (HSDP)
+      v.all_reduce_bytes += static_cast<double>(plan.sharded() ? layout.unit(step.unit).shard
+                                                               : layout.unit(step.unit).length) * reduce_width;
+    if (step.kind == StepKind::all_reduce_float8_amax)
+      v.all_reduce_bytes += static_cast<double>(plan.model.n_layers * kLayerWeightCount) * 4.0;
   }
   return v;
 }

@@ -34,6 +34,13 @@ std::string Step::name() const {
       if (layer >= 0) return text.append("layers.").append(std::to_string(layer));
       return text.append(unit == 0 ? "tok_embeddings" : "norm+output");
     }
+    case StepKind::all_reduce_gradients: {
+      const std::string what = layer >= 0 ? "layers." + std::to_string(layer) : unit == 0 ? "tok_embeddings" : "norm+output";
+      return "all-reduce gradients " + what + " (replicas)";
+    }
+    case StepKind::float8_shard_amax: return "float8 weight amax (shards)";
+    case StepKind::all_reduce_float8_amax: return "all-reduce float8 weight amax (max)";
+    case StepKind::float8_shard_cast: return "cast weight shards to e4m3";
     case StepKind::all_reduce_gradient_norm: return "all-reduce gradient sum of squares";
     case StepKind::all_reduce_loss: return "all-reduce loss";
   }
@@ -44,7 +51,7 @@ int64_t StepPlan::parameter_count() const { return model.total_parameters(); }
 
 int64_t StepPlan::local_parameter_count() const {
   const ParameterLayout layout(model);
-  return sharded() ? ShardLayout(layout, options.shard_degree).local_total() : layout.total();
+  return sharded() ? ShardLayout(layout, options.shard_degree).local_total() : layout.total();  // replicas: the whole model
 }
 
 int64_t largest_gather_unit(const ModelConfig& model) {
@@ -130,19 +137,41 @@ Shape spec_shape(const TensorSpec& spec) {
   return spec.dims[1] == 1 ? Shape{spec.dims[0]} : Shape{spec.dims[0], spec.dims[1]};
 }
 
+// Weights gathered in e4m3: sharded, tensorwise, asked for.
+bool float8_gather_wanted(const StepPlan& plan) {
+  return plan.sharded() && plan.options.float8_all_gather && plan.options.float8.recipe == Float8Recipe::tensorwise;
+}
+
 // The FSDP schedule of a sharded plan (inert for unsharded ones). Weights are used in this
 // order: the embedding, blocks 0..L-1 forward, the head (norm and output, forward and backward),
 // blocks L-1..0 backward (with their recomputation). Each use reads its unit from one of two
 // gather buffers; the all-gather of use k+1 is issued before use k computes (prefetch) into the
 // other buffer, and skipped when the unit is still there (the last block, around the head).
 // Gradients: each unit's backward writes one of two buffers, alternately, and its reduce-scatter
-// follows at once, so it runs during the next unit's backward.
+// follows at once, so it runs during the next unit's backward. With replicas (replicate_degree >
+// 1) an all-reduce over the replica group follows each reduce-scatter (HSDP) or, unsharded (plain
+// data parallel), each unit's backward: the unit's part of the flat gradients, in place (a bf16
+// reduce goes through one of two bf16 buffers). There are no gathers then.
 class ShardScheduler {
  public:
   ShardScheduler(PlanBuilder& builder, StepPlan& plan) : builder_(builder), plan_(plan) {
-    if (!plan.sharded()) return;
-    layout_ = std::make_unique<ShardLayout>(ParameterLayout(plan.model), plan.options.shard_degree);
+    if (!plan.data_parallel()) return;
+    sharded_ = plan.sharded();
+    layout_ = std::make_unique<ShardLayout>(ParameterLayout(plan.model), sharded_ ? plan.options.shard_degree : 1);
     const int layers = static_cast<int>(plan.model.n_layers);
+    gradient_slot_.assign(layout_->units().size(), 0);
+    int next = 0;
+    auto assign = [&](int unit) {
+      gradient_slot_[static_cast<size_t>(unit)] = next;
+      gradient_size_[static_cast<size_t>(next)] = std::max(gradient_size_[static_cast<size_t>(next)], layout_->unit(unit).padded);
+      shard_size_[static_cast<size_t>(next)] = std::max(shard_size_[static_cast<size_t>(next)], layout_->unit(unit).shard);
+      next = 1 - next;
+    };
+    // Reduce order: the head, blocks L-1..0, the embedding; buffers alternate.
+    assign(layout_->head_unit());
+    for (int i = layers - 1; i >= 0; --i) assign(layout_->block_unit(i));
+    assign(layout_->embedding_unit());
+    if (!sharded_) return;
     uses_.push_back(layout_->embedding_unit());
     for (int i = 0; i < layers; ++i) uses_.push_back(layout_->block_unit(i));
     uses_.push_back(layout_->head_unit());
@@ -157,21 +186,10 @@ class ShardScheduler {
       slots_.push_back(slot);
       gather_size_[static_cast<size_t>(slot)] = std::max(gather_size_[static_cast<size_t>(slot)], layout_->unit(unit).padded);
     }
-    // Reduce-scatter order: the head, blocks L-1..0, the embedding; buffers alternate.
-    gradient_slot_.assign(layout_->units().size(), 0);
-    int next = 0;
-    auto assign = [&](int unit) {
-      gradient_slot_[static_cast<size_t>(unit)] = next;
-      gradient_size_[static_cast<size_t>(next)] = std::max(gradient_size_[static_cast<size_t>(next)], layout_->unit(unit).padded);
-      shard_size_[static_cast<size_t>(next)] = std::max(shard_size_[static_cast<size_t>(next)], layout_->unit(unit).shard);
-      next = 1 - next;
-    };
-    assign(layout_->head_unit());
-    for (int i = layers - 1; i >= 0; --i) assign(layout_->block_unit(i));
-    assign(layout_->embedding_unit());
   }
 
-  bool active() const { return layout_ != nullptr; }
+  bool active() const { return layout_ != nullptr; }  // any data parallelism
+  bool sharded() const { return sharded_; }
   int64_t local_total() const { return layout_->local_total(); }
 
   // The persistent communication buffers.
@@ -181,6 +199,14 @@ class ShardScheduler {
     if (reduce != DType::f32 && reduce != DType::bf16)
       fail(ErrorKind::config, "parallelism.reduce_dtype: expected float32 or bfloat16, found " +
                                   std::string(dtype_name(reduce)));
+    if (!sharded_) {  // plain data parallel: gradients all-reduced in place, or through bf16 copies
+      for (int r = 0; r < 2; ++r)
+        if (reduce == DType::bf16 && master != DType::bf16 && gradient_size_[r] > 0)
+          plan_.reduce_send[r] = builder_.buffer("all-reduce gradients, bf16 copy (buffer " + std::to_string(r + 1) +
+                                                     " of 2)", DType::bf16, Shape{gradient_size_[r]},
+                                                 BufferClass::communication, true);
+      return;
+    }
     plan_.gather_current = builder_.buffer("all-gather weights (buffer 1 of 2)", compute, Shape{gather_size_[0]},
                                            BufferClass::communication, true);
     if (gather_size_[1] > 0)
@@ -202,28 +228,79 @@ class ShardScheduler {
 
   // Before use k computes: the gather of use 0 (at k = 0) and the prefetch of use k + 1.
   void begin_use(size_t k) {
-    if (!active()) return;
+    if (!sharded_) return;
     if (k == 0) gather(0);
     if (k + 1 < uses_.size()) gather(k + 1);
   }
   // `step` as part of use k (weights from its gather buffer; -1: no weights), with its unit's
   // gradient buffer when it writes gradients.
   Step tag(Step step, int k, bool writes_gradients, int unit_without_weights = -1) const {
-    if (!active()) return step;
+    if (!sharded_) return step;
     step.unit = k >= 0 ? uses_[static_cast<size_t>(k)] : unit_without_weights;
     if (k >= 0) step.gathered_weights = gather_buffer(slots_[static_cast<size_t>(k)]);
     if (writes_gradients) step.unit_gradients = plan_.reduce_scatter[static_cast<size_t>(gradient_slot_[static_cast<size_t>(step.unit)])];
     return step;
   }
+  // After a unit's last gradient-writing step: its reduce-scatter (sharded) and its all-reduce
+  // over replicas (replicate_degree > 1).
   void reduce_scatter(int unit) {
     if (!active()) return;
     Step step{StepKind::reduce_scatter, layout_->unit(unit).layer};
     step.unit = unit;
-    step.unit_gradients = plan_.reduce_scatter[static_cast<size_t>(gradient_slot_[static_cast<size_t>(unit)])];
-    builder_.emit(step, {plan_.gradients});
+    if (sharded_) {
+      step.unit_gradients = plan_.reduce_scatter[static_cast<size_t>(gradient_slot_[static_cast<size_t>(unit)])];
+      builder_.emit(step, {plan_.gradients});
+    }
+    if (!plan_.replicated()) return;
+    step.kind = StepKind::all_reduce_gradients;
+    const int send = plan_.reduce_send[static_cast<size_t>(gradient_slot_[static_cast<size_t>(unit)])];
+    if (!sharded_) step.unit_gradients = send;  // plain data parallel, bf16: the copy (-1: in place)
+    builder_.emit(step, {plan_.gradients, send});
   }
+  // The gradient norm needs a sum over the shard group (replicas hold the same shards; unsharded
+  // replicas the same whole gradients); the loss a mean over every rank.
   void all_reduce(StepKind kind, int buffer) {
-    if (active()) builder_.emit({kind}, {buffer});
+    if (!active() || (kind == StepKind::all_reduce_gradient_norm && !sharded_)) return;
+    builder_.emit({kind}, {buffer});
+  }
+
+  // Float8 all-gather: its buffers (after the blocks' float8 choices are known) and, at the start
+  // of the step, the amax / all-reduce / cast steps that fill this rank's e4m3 shards.
+  void add_float8_gather(DType compute) {
+    if (!float8_gather_wanted(plan_)) return;
+    std::vector<std::array<bool, kLayerWeightCount>> float8;
+    for (const auto& lb : plan_.layers) float8.push_back(lb.float8);
+    layout_->gather_in_float8(ParameterLayout(plan_.model), float8);
+    int64_t largest = 0, remainders = 0;
+    for (const auto& u : layout_->units())
+      if (u.float8_gathered()) largest = std::max(largest, u.padded), remainders += u.remainder;
+    if (largest == 0) return;
+    const int64_t ranks = layout_->ranks();
+    plan_.float8_shards = builder_.buffer("float8 all-gather: weight shards (e4m3)", DType::e4m3,
+                                          Shape{layout_->local_total()}, BufferClass::communication, true);
+    plan_.float8_gather_scales = builder_.buffer("float8 all-gather: weight amax / scales", DType::f32,
+                                                 Shape{plan_.model.n_layers * kLayerWeightCount},
+                                                 BufferClass::communication, true);
+    plan_.float8_remainder_shard = builder_.buffer("float8 all-gather: norms shard (packed)", compute,
+                                                   Shape{std::max<int64_t>(1, remainders)}, BufferClass::communication, true);
+    for (int r = 0; r < 2; ++r) {
+      const std::string which = " (buffer " + std::to_string(r + 1) + " of 2)";
+      plan_.float8_gather[static_cast<size_t>(r)] = builder_.buffer("all-gather float8 weights" + which, DType::e4m3,
+                                                                    Shape{largest}, BufferClass::communication, true);
+      plan_.float8_remainder_gather[static_cast<size_t>(r)] =
+          builder_.buffer("all-gather norms of float8 units" + which, compute,
+                          Shape{std::max<int64_t>(1, layout_->largest_remainder() * ranks)}, BufferClass::communication, true);
+    }
+    plan_.float8_gather_transposed = builder_.buffer("float8 gathered W^T (one unit)", DType::e4m3, Shape{largest},
+                                                     BufferClass::communication, true);
+  }
+  void emit_float8_cast() {
+    if (plan_.float8_shards < 0) return;
+    const int weights = plan_.compute_weights >= 0 ? plan_.compute_weights : plan_.parameters;
+    builder_.emit({StepKind::float8_shard_amax}, {weights, plan_.float8_gather_scales});
+    builder_.emit({StepKind::all_reduce_float8_amax}, {plan_.float8_gather_scales});
+    builder_.emit({StepKind::float8_shard_cast}, {weights, plan_.float8_gather_scales, plan_.float8_shards,
+                                                  plan_.float8_remainder_shard});
   }
   // Use indices: the embedding's forward, block i's forward, the head, block i's backward.
   int embedding_use() const { return 0; }
@@ -248,6 +325,7 @@ class ShardScheduler {
 
   PlanBuilder& builder_;
   StepPlan& plan_;
+  bool sharded_ = false;
   std::unique_ptr<ShardLayout> layout_;
   std::vector<int> uses_, slots_;
   std::vector<bool> gathers_;
@@ -261,7 +339,7 @@ class ShardScheduler {
 void add_float8_buffers(PlanBuilder& b, StepPlan& plan, int64_t tokens) {
   const Float8Recipe recipe = plan.options.float8.recipe;
   const bool weight_copies = !plan.sharded();
-  plan.float8_sizes = float8_scratch_sizes(plan.model, tokens, recipe, !weight_copies);
+  plan.float8_sizes = float8_scratch_sizes(plan.model, tokens, recipe, !weight_copies && !float8_gather_wanted(plan));
   plan.float8_scratch = b.buffer("float8 scratch (x, dy, dy^T, x^T in e4m3/e5m2, K-major)", DType::e4m3,
                                  Shape{float8_scratch_value_bytes(plan.float8_sizes)}, BufferClass::workspace, true);
   plan.float8_statistics = b.buffer("float8 scratch amax and scales", DType::f32,
@@ -289,6 +367,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
               "keep_sets has " + std::to_string(options.keep_sets.size()) + " entries for " +
                   std::to_string(model.n_layers) + " blocks");
   SMELT_CHECK(options.shard_degree >= 1, "shard_degree must be at least 1");
+  SMELT_CHECK(options.replicate_degree >= 1, "replicate_degree must be at least 1");
   if (options.float8.recipe != Float8Recipe::none) {
     if (options.compute_dtype != DType::bf16 && options.compute_dtype != DType::f32)
       fail(ErrorKind::config, "float8 recipe '" + std::string(float8_recipe_name(options.float8.recipe)) +
@@ -311,7 +390,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
 
   // Persistent state.
   ShardScheduler shard(b, plan);
-  const Shape flat{shard.active() ? shard.local_total() : layout.total()};
+  const Shape flat{shard.sharded() ? shard.local_total() : layout.total()};
   const DType master = master_dtype(compute), statistics = statistics_dtype(compute);
   plan.parameters = b.buffer("parameters (master)", master, flat, BufferClass::parameters, true);
   plan.gradients = b.buffer("gradients", master, flat, BufferClass::gradients, true);
@@ -383,6 +462,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   }
 
   if (any_float8) add_float8_buffers(b, plan, tokens);
+  if (any_float8) shard.add_float8_gather(compute);
 
   // Output head buffers.
   const int64_t chunk = std::max<int64_t>(1, std::min(options.loss_chunk_tokens, tokens));
@@ -397,6 +477,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   plan.losses = b.buffer("per-token losses", statistics, Shape{tokens}, BufferClass::loss);
 
   // Forward.
+  shard.emit_float8_cast();
   shard.begin_use(shard.embedding_use());
   b.emit(shard.tag({StepKind::embedding_forward}, shard.embedding_use(), false), {plan.tokens, plan.residual[0]});
   for (int64_t i = 0; i < layers; ++i) {

@@ -28,11 +28,20 @@ enum class StepKind : uint8_t {
   cast_weights,         // compute copies -> float8 weight copies, after the optimizer (the fp32 ->
                         // compute-dtype cast itself is fused into the optimizer step)
   loss_reduce,          // mean of per-token losses
-  // Sharded plans only (PlanOptions::shard_degree > 1); `unit` names the ShardLayout unit.
-  all_gather,           // one unit's weights, compute dtype, from every rank's shard into a gather buffer
-  reduce_scatter,       // one unit's gradients, averaged over ranks, into this rank's gradient shard
-  all_reduce_gradient_norm,  // the local sums of squares, summed over ranks
-  all_reduce_loss,      // the local mean losses, averaged over ranks
+  // Data-parallel plans only (shard_degree > 1 or replicate_degree > 1); `unit` names the
+  // ShardLayout unit.
+  all_gather,           // one unit's weights, compute dtype (or float8), from every rank's shard into a gather buffer
+  reduce_scatter,       // one unit's gradients, averaged over the shard group, into this rank's gradient shard
+  all_reduce_gradients, // replicate_degree > 1: one unit's gradients (plain data parallel) or gradient
+                        // shard (HSDP), averaged over the replica group
+  all_reduce_gradient_norm,  // the local sums of squares, summed over the shard group
+  all_reduce_loss,      // the local mean losses, averaged over every rank
+  // Float8 all-gather (PlanOptions::float8_all_gather), at the start of the step: every float8
+  // linear's amax over this rank's shard, their max over the shard group (one collective for all
+  // of them), and this rank's shards cast to e4m3 with those global scales.
+  float8_shard_amax,
+  all_reduce_float8_amax,
+  float8_shard_cast,
 };
 
 struct Step {
@@ -64,6 +73,13 @@ struct PlanOptions {
   // Sharded plans: the dtype gradients travel in during the reduce-scatter (f32 or bf16); the
   // shards the optimizer reads stay f32.
   DType reduce_dtype = DType::f32;
+  // Plain data parallelism / HSDP: replicas of the (sharded) model. World = shard_degree *
+  // replicate_degree; shard groups are runs of shard_degree consecutive ranks. With shard_degree 1
+  // every rank holds the whole model and each unit's gradients are all-reduced after its backward.
+  int64_t replicate_degree = 1;
+  // Sharded plans with float8 tensorwise: gather float8 linears' weights in e4m3 (scales from one
+  // all-reduce of every linear's amax) instead of the compute dtype.
+  bool float8_all_gather = false;
   // The FSDP schedule even with shard_degree 1 (collectives over one rank): measures what the
   // sharding machinery costs on one GPU, and tests it against the unsharded plan.
   bool shard_single_rank = false;
@@ -105,8 +121,17 @@ struct StepPlan {
   // unit's backward writes one while the other's reduce-scatter is in flight), and with a bf16
   // reduce dtype the bf16 copies sent and the bf16 shards received, one per gradient buffer.
   // Each is sized by the largest unit that passes through it.
+  // Plain data parallel plans use reduce_send alone: with a bf16 reduce, the bf16 copy a unit's
+  // gradients are all-reduced in (two, alternately).
   int gather_current = -1, gather_next = -1;
   std::array<int, 2> reduce_scatter{-1, -1}, reduce_send{-1, -1}, reduce_receive{-1, -1};
+  // Float8 all-gather only (-1 otherwise): this rank's shards cast to e4m3 (local layout, one byte
+  // per element), every float8 linear's amax then global scale, two e4m3 gather buffers (used
+  // alternately like the compute-dtype ones), the gathered unit's W^T copies, and the elements of
+  // float8-gathered units that are not float8 weights (norms): packed shard, and gathered.
+  int float8_shards = -1, float8_gather_scales = -1, float8_remainder_shard = -1;
+  std::array<int, 2> float8_gather{-1, -1}, float8_remainder_gather{-1, -1};
+  int float8_gather_transposed = -1;
   // Float8 plans only (-1 otherwise): the scratch every float8 linear reuses in turn (x, dy, dy^T,
   // x^T; per-use weight copies in sharded plans) and its amax and scales (see Float8Scratch).
   // Unsharded plans also keep every float8 linear's weight in float8 (W and W^T, quantised once per
@@ -124,6 +149,10 @@ struct StepPlan {
   size_t bytes_of(BufferClass kind) const;  // sum of buffer sizes of a class (not packed)
   int64_t local_parameter_count() const;    // this rank's shard of the flat parameters
   bool sharded() const { return options.shard_degree > 1 || options.shard_single_rank; }
+  bool replicated() const { return options.replicate_degree > 1; }
+  bool data_parallel() const { return sharded() || replicated(); }
+  int64_t world_size() const { return options.shard_degree * options.replicate_degree; }
+  bool float8_gathered() const { return float8_shards >= 0; }
 };
 
 // Parameters of the largest unit FSDP gathers at once: one block, the embedding or the output head.

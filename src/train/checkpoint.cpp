@@ -1,5 +1,6 @@
 // Writing checkpoints: staging copy, safetensors files with checksums, index last, atomic rename,
 // pruning to keep_latest_k; and the trainer-facing Checkpointer (resume and periodic saves).
+// The sharded writer's per-rank half is in checkpoint_sharded.cpp.
 #include "train/checkpoint.h"
 
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "train/checkpoint_shards.h"
 
 namespace smelt {
 
@@ -25,13 +27,6 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kWriteChunkBytes = size_t(64) << 20;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-struct TensorSource {
-  std::string name;
-  std::vector<int64_t> shape;
-  const float* data = nullptr;
-  size_t bytes = 0;
-};
 
 void write_all(int fd, const void* data, size_t bytes, const std::string& path, Checksum& checksum) {
   const auto* p = static_cast<const char*>(data);
@@ -68,6 +63,24 @@ void sync_folder(const fs::path& folder) {
   ::close(fd);
 }
 
+std::vector<int64_t> shape_of(const ParameterInfo& p) {
+  return p.rows == 1 ? std::vector<int64_t>{p.cols} : std::vector<int64_t>{p.rows, p.cols};
+}
+
+bool is_checkpoint_name(const std::string& name) {
+  return name.size() == 13 && name.rfind("step-", 0) == 0 &&
+         std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Removes a folder by renaming it first, so a kill never leaves half a checkpoint under a step name.
+void remove_checkpoint_folder(const fs::path& folder) {
+  const fs::path doomed = folder.parent_path() / (".deleting-" + folder.filename().string() + "-" + std::to_string(::getpid()));
+  fs::rename(folder, doomed);
+  fs::remove_all(doomed);
+}
+
+}  // namespace
+
 // One safetensors file, streamed from the staging buffer, with its checksum.
 CheckpointFile write_tensor_file(const fs::path& path, const std::vector<TensorSource>& tensors,
                                  const std::map<std::string, std::string>& metadata) {
@@ -91,24 +104,6 @@ CheckpointFile write_tensor_file(const fs::path& path, const std::vector<TensorS
   return {path.filename().string(), prefix.size() + offset, checksum.finish()};
 }
 
-std::vector<int64_t> shape_of(const ParameterInfo& p) {
-  return p.rows == 1 ? std::vector<int64_t>{p.cols} : std::vector<int64_t>{p.rows, p.cols};
-}
-
-bool is_checkpoint_name(const std::string& name) {
-  return name.size() == 13 && name.rfind("step-", 0) == 0 &&
-         std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
-// Removes a folder by renaming it first, so a kill never leaves half a checkpoint under a step name.
-void remove_checkpoint_folder(const fs::path& folder) {
-  const fs::path doomed = folder.parent_path() / (".deleting-" + folder.filename().string() + "-" + std::to_string(::getpid()));
-  fs::rename(folder, doomed);
-  fs::remove_all(doomed);
-}
-
-}  // namespace
-
 std::string checkpoint_name(int64_t step) {
   std::string digits = std::to_string(step);
   return "step-" + std::string(digits.size() < 8 ? 8 - digits.size() : 0, '0') + digits;
@@ -128,13 +123,25 @@ std::string resolve_run_path(const std::string& run_folder, const std::string& p
 }
 
 CheckpointWriter::CheckpointWriter(CheckpointOptions options, const ParameterLayout& layout)
-    : options_(std::move(options)), layout_(layout), staging_(static_cast<size_t>(3 * layout.total())) {
+    : options_(std::move(options)), layout_(layout) {
+  if (sharded()) {
+    SMELT_CHECK(options_.communicator != nullptr, "a sharded CheckpointWriter needs the ranks' communicator");
+    sharding_ = describe_sharding(*options_.shards);
+    rank_ = options_.communicator->rank();
+    shard_rank_ = rank_ % sharding_.world_size;  // shard groups are runs of consecutive ranks
+    writes_files_ = rank_ < sharding_.world_size;
+    staging_.resize(static_cast<size_t>(3 * options_.shards->local_total()));
+  } else {
+    staging_.resize(static_cast<size_t>(3 * layout.total()));
+  }
   fs::create_directories(options_.folder);
   // Leftovers of a run that was killed while writing or deleting: never complete, safe to drop.
-  for (const auto& entry : fs::directory_iterator(options_.folder)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(".partial-", 0) == 0 || name.rfind(".deleting-", 0) == 0) fs::remove_all(entry.path());
-  }
+  // Sharded runs: rank 0 alone, before any rank writes (the first save is after collectives).
+  if (!sharded() || rank_ == 0)
+    for (const auto& entry : fs::directory_iterator(options_.folder)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind(".partial-", 0) == 0 || name.rfind(".deleting-", 0) == 0) fs::remove_all(entry.path());
+    }
   if (options_.async) thread_ = std::thread([this] { worker(); });
 }
 
@@ -148,7 +155,29 @@ CheckpointWriter::~CheckpointWriter() {
   if (thread_.joinable()) thread_.join();
 }
 
+void CheckpointWriter::wait_idle() {
+  std::unique_lock lock(mutex_);
+  wake_.wait(lock, [&] { return !busy_; });
+}
+
+void CheckpointWriter::run_job(std::function<void()> job) {
+  if (!options_.async) {
+    job();
+    return;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    job_ = std::move(job);
+    busy_ = true;
+  }
+  wake_.notify_all();
+}
+
 void CheckpointWriter::finish() {
+  if (sharded()) {
+    wait_idle();
+    if (commit_pending_) commit();  // collective: every rank is here
+  }
   std::unique_lock lock(mutex_);
   wake_.wait(lock, [&] { return !busy_; });
   if (error_) {
@@ -159,16 +188,25 @@ void CheckpointWriter::finish() {
 }
 
 double CheckpointWriter::last_write_seconds() {
+  if (sharded()) {
+    wait_idle();  // not collective: finish() has completed the save
+    return write_seconds_;
+  }
   finish();
   return write_seconds_;
 }
 
 uint64_t CheckpointWriter::last_bytes() {
+  if (sharded()) {
+    wait_idle();
+    return bytes_;
+  }
   finish();
   return bytes_;
 }
 
 void CheckpointWriter::save(Executor& executor, const TrainingProgress& progress) {
+  if (sharded()) return save_sharded(executor, progress);
   finish();  // the staging buffer is free once the previous write is done
   const auto start = Clock::now();
   const int64_t total = layout_.total();
@@ -185,16 +223,7 @@ void CheckpointWriter::save(Executor& executor, const TrainingProgress& progress
                                     std::to_string(i) + " is " + std::to_string(staging_[static_cast<size_t>(i)]) +
                                     "; the last good checkpoint is kept. Lower optimizer.lr or use training.on_nonfinite = \"skip\"");
   copy_seconds_ = seconds_since(start);
-  if (!options_.async) {
-    write(progress);
-    return;
-  }
-  {
-    std::lock_guard lock(mutex_);
-    pending_ = progress;
-    busy_ = true;
-  }
-  wake_.notify_all();
+  run_job([this, progress] { write(progress); });
 }
 
 void CheckpointWriter::worker() {
@@ -202,11 +231,11 @@ void CheckpointWriter::worker() {
   for (;;) {
     wake_.wait(lock, [&] { return busy_ || stopping_; });
     if (!busy_ && stopping_) return;
-    TrainingProgress progress = pending_;
+    std::function<void()> job = std::move(job_);
     lock.unlock();
     std::exception_ptr error;
     try {
-      write(progress);
+      job();
     } catch (...) {
       error = std::current_exception();
     }
@@ -243,6 +272,12 @@ void CheckpointWriter::write(const TrainingProgress& progress) {
   index.progress = progress;
   index.files.push_back(write_tensor_file(partial / "model.safetensors", weights, options_.model_metadata));
   index.files.push_back(write_tensor_file(partial / "optimizer.safetensors", moments, {{"format", "pt"}}));
+  publish(name, partial, index);
+  write_seconds_ = seconds_since(start);
+}
+
+void CheckpointWriter::publish(const std::string& name, const fs::path& partial, const CheckpointIndex& index) {
+  const fs::path folder = options_.folder;
   const std::string json = checkpoint_index_to_json(index);
   Checksum unused;
   const std::string index_path = (partial / "index.json").string();
@@ -271,12 +306,13 @@ void CheckpointWriter::write(const TrainingProgress& progress) {
     for (size_t i = 0; i + keep < names.size(); ++i)
       if (names[i] != name) remove_checkpoint_folder(folder / names[i]);
   }
-  write_seconds_ = seconds_since(start);
 }
 
 Checkpointer::Checkpointer(const JobConfig& config, const std::string& run_folder, const ModelConfig& model,
-                           const ParameterLayout& layout, const std::string& tokenizer, int64_t seq_len)
-    : config_(config), run_folder_(run_folder), model_(model) {
+                           const ParameterLayout& layout, const std::string& tokenizer, int64_t seq_len,
+                           const ShardLayout* shards, Communicator* communicator)
+    : config_(config), run_folder_(run_folder), model_(model), shards_(shards), communicator_(communicator) {
+  SMELT_CHECK((shards_ == nullptr) == (communicator_ == nullptr), "sharded checkpoints need both the layout and the ranks");
   folder_ = resolve_run_path(run_folder, config.checkpoint.folder, "checkpoint.folder");
   if (!config.checkpoint.enable) return;
   CheckpointOptions options;
@@ -290,38 +326,73 @@ Checkpointer::Checkpointer(const JobConfig& config, const std::string& run_folde
                             {"smelt.model", options.model_json},
                             {"smelt.tokenizer", tokenizer},
                             {"smelt.seq_len", std::to_string(seq_len)}};
+  options.shards = shards_;
+  options.communicator = communicator_;
   writer_ = std::make_unique<CheckpointWriter>(std::move(options), layout);
 }
 
 TrainingProgress Checkpointer::resume(Executor& executor, DataLoader& train, DataLoader* validation, std::ostream& log) {
   train_ = &train;
   validation_ = validation;
-  std::string source = resolve_run_path(run_folder_, config_.checkpoint.load, "checkpoint.load");
-  if (source.empty() && config_.checkpoint.enable) source = find_newest_checkpoint(folder_);
+  std::string source, problem;
+  if (leader()) {  // sharded runs: every rank resumes from what rank 0 chose
+    try {
+      source = resolve_run_path(run_folder_, config_.checkpoint.load, "checkpoint.load");
+      if (source.empty() && config_.checkpoint.enable) source = find_newest_checkpoint(folder_);
+    } catch (const Error& e) {
+      if (!communicator_) throw;
+      problem = e.what();
+    }
+  }
+  if (communicator_) {
+    agree_on_problems(*communicator_, problem, ErrorKind::config);
+    source = communicator_->exchange_text(source).at(0);
+  }
   TrainingProgress progress;
   if (source.empty()) return progress;
-  LoadedCheckpoint checkpoint = load_checkpoint(source, model_);
-  restore_checkpoint(executor, checkpoint);
+  LoadedCheckpoint checkpoint;
+  if (!communicator_) {
+    checkpoint = load_checkpoint(source, model_);
+    restore_checkpoint(executor, checkpoint);
+  } else {  // each rank reads its own ranges; a failure on any rank stops every rank
+    ErrorKind kind = ErrorKind::input;
+    try {
+      checkpoint = load_checkpoint_shards(source, model_, *shards_, communicator_->rank() % shards_->ranks());
+      restore_checkpoint(executor, checkpoint);
+    } catch (const Error& e) {
+      problem = e.what();
+      kind = e.kind();
+    }
+    agree_on_problems(*communicator_, problem, kind);
+  }
   if (checkpoint.from_hf) {
     log << "checkpoint: weights from the Hugging Face folder " << checkpoint.path << "; training starts at step 0\n";
     return progress;
   }
   train.restore(checkpoint.progress.loader);
   if (validation && checkpoint.progress.has_validation_loader) validation->restore(checkpoint.progress.validation_loader);
-  log << "checkpoint: resumed from " << checkpoint.path << " at step " << checkpoint.progress.step << "\n";
+  log << "checkpoint: resumed from " << checkpoint.path << " at step " << checkpoint.progress.step
+      << (checkpoint.local_shards ? " (this rank's shards)" : "") << "\n";
   return checkpoint.progress;
 }
 
 void Checkpointer::after_step(Executor& executor, TrainingProgress& progress, bool last, std::ostream& log) {
-  if (!writer_ || (!last && progress.step % config_.checkpoint.interval != 0)) return;
+  if (!writer_) return;
+  if (!last && progress.step % config_.checkpoint.interval != 0) {
+    if (writer_->sharded() && writer_->poll() && leader())
+      log << "checkpoint: every rank's files of " << checkpoint_name(background_step_) << " are written; index published\n";
+    return;
+  }
   progress.loader = train_->state();
   progress.has_validation_loader = validation_ != nullptr;
   if (validation_) progress.validation_loader = validation_->state();
+  if (writer_->sharded()) writer_->finish();  // collective: completes the previous save on every rank
   report_background_write(log);  // waits for the previous write, as save() would
   writer_->save(executor, progress);
-  log << "checkpoint: step " << progress.step << " -> " << folder_ << "/" << checkpoint_name(progress.step)
-      << (config_.checkpoint.async ? " (writing in the background)" : "") << ", training paused "
-      << writer_->last_copy_seconds() + (config_.checkpoint.async ? 0.0 : writer_->last_write_seconds()) << " s\n";
+  if (leader())
+    log << "checkpoint: step " << progress.step << " -> " << folder_ << "/" << checkpoint_name(progress.step)
+        << (config_.checkpoint.async ? " (writing in the background)" : "") << ", training paused "
+        << writer_->last_copy_seconds() + (config_.checkpoint.async ? 0.0 : writer_->last_write_seconds()) << " s\n";
   if (config_.checkpoint.async) {
     background_step_ = progress.step;
   } else {
@@ -330,6 +401,7 @@ void Checkpointer::after_step(Executor& executor, TrainingProgress& progress, bo
 }
 
 void Checkpointer::report_write(int64_t step, std::ostream& log) {
+  if (!leader()) return;
   const double seconds = writer_->last_write_seconds();
   const double gigabytes = static_cast<double>(writer_->last_bytes()) / 1e9;
   log << "checkpoint: " << checkpoint_name(step) << " written: " << gigabytes << " GB in " << seconds << " s ("

@@ -18,6 +18,8 @@ constexpr uint64_t kPrime3 = 0x165667b19e3779f9ull;
 constexpr uint64_t kPrime4 = 0x85ebca77c2b2ae63ull;
 constexpr size_t kMaxFiles = 4096;
 constexpr size_t kMaxLossWindow = 1 << 16;
+constexpr int64_t kMaxShardRanks = 1 << 16;
+constexpr size_t kMaxShardUnits = 1 << 16;
 
 uint64_t rotate_left(uint64_t x, int bits) { return (x << bits) | (x >> (64 - bits)); }
 
@@ -84,6 +86,14 @@ std::string checksum_hex(uint64_t value) {
   return text;
 }
 
+std::string rank_file_name(const std::string& kind, int64_t rank, int64_t world_size) {
+  auto digits = [](int64_t value) {
+    std::string text = std::to_string(value);
+    return std::string(text.size() < 5 ? 5 - text.size() : 0, '0') + text;
+  };
+  return kind + ".rank-" + digits(rank) + "-of-" + digits(world_size) + ".safetensors";
+}
+
 std::string checkpoint_index_to_json(const CheckpointIndex& index) {
   nlohmann::ordered_json j;
   j["format"] = index.format;
@@ -102,9 +112,20 @@ std::string checkpoint_index_to_json(const CheckpointIndex& index) {
   j["rng"] = "none: data order derives from the seed and the data_loader position; no other random state";
   j["model"] = nlohmann::json::parse(index.model_json);
   j["config"] = index.config_json.empty() ? nlohmann::json::object() : nlohmann::json::parse(index.config_json);
+  if (index.sharding.sharded()) {
+    nlohmann::ordered_json units = nlohmann::ordered_json::array();
+    for (const auto& u : index.sharding.units)
+      units.push_back({{"name", u.name}, {"offset", u.offset}, {"length", u.length}, {"shard", u.shard}});
+    j["sharding"] = {{"world_size", index.sharding.world_size}, {"units", units}};
+  }
   nlohmann::ordered_json files = nlohmann::ordered_json::array();
-  for (const auto& f : index.files)
-    files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"checksum", "smelt-hash64:" + checksum_hex(f.checksum)}});
+  for (const auto& f : index.files) {
+    nlohmann::ordered_json file = {{"name", f.name}};
+    if (f.rank >= 0) file["rank"] = f.rank;
+    file["bytes"] = f.bytes;
+    file["checksum"] = "smelt-hash64:" + checksum_hex(f.checksum);
+    files.push_back(file);
+  }
   j["files"] = files;
   return j.dump(1) + "\n";
 }
@@ -129,9 +150,9 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
   };
   CheckpointIndex index;
   index.format = count(field("format"), "format");
-  if (index.format != kCheckpointFormat)
-    bad(source, "has checkpoint format " + std::to_string(index.format) + ", this smelt reads format " +
-                    std::to_string(kCheckpointFormat));
+  if (index.format != kCheckpointFormat && index.format != kShardedCheckpointFormat)
+    bad(source, "has checkpoint format " + std::to_string(index.format) + ", this smelt reads formats " +
+                    std::to_string(kCheckpointFormat) + " and " + std::to_string(kShardedCheckpointFormat));
   if (!field("smelt_version").is_string()) bad(source, "'smelt_version' should be a string");
   index.smelt_version = field("smelt_version").get<std::string>();
   index.progress.step = count(field("step"), "step");
@@ -164,6 +185,41 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
   if (!field("model").is_object()) bad(source, "'model' should be an object describing the model's shapes");
   index.model_json = field("model").dump();
   if (j.contains("config")) index.config_json = j["config"].dump();
+  if (index.format == kShardedCheckpointFormat) {
+    const auto& sharding = field("sharding");
+    if (!sharding.is_object() || !sharding.contains("world_size") || !sharding.contains("units"))
+      bad(source, "'sharding' should be an object with world_size and units");
+    index.sharding.world_size = count(sharding["world_size"], "sharding.world_size");
+    if (index.sharding.world_size < 1 || index.sharding.world_size > kMaxShardRanks)
+      bad(source, "'sharding.world_size' should be between 1 and " + std::to_string(kMaxShardRanks));
+    const auto& units = sharding["units"];
+    if (!units.is_array() || units.empty() || units.size() > kMaxShardUnits)
+      bad(source, "'sharding.units' should be a non-empty array of at most " + std::to_string(kMaxShardUnits) + " units");
+    int64_t next_offset = 0;
+    for (const auto& u : units) {
+      if (!u.is_object() || !u.contains("name") || !u["name"].is_string() || !u.contains("offset") ||
+          !u.contains("length") || !u.contains("shard"))
+        bad(source, "every entry of 'sharding.units' needs a string name, an offset, a length and a shard size");
+      CheckpointShardUnit unit;
+      unit.name = u["name"].get<std::string>().substr(0, 64);
+      unit.offset = count(u["offset"], "sharding.units.offset");
+      unit.length = count(u["length"], "sharding.units.length");
+      unit.shard = count(u["shard"], "sharding.units.shard");
+      if (unit.offset != next_offset || unit.length < 1)
+        bad(source, "sharding unit '" + unit.name + "' should start at element " + std::to_string(next_offset) +
+                        " (right after the previous unit) and hold at least one element");
+      if (unit.shard < (unit.length + index.sharding.world_size - 1) / index.sharding.world_size)
+        bad(source, "sharding unit '" + unit.name + "': " + std::to_string(index.sharding.world_size) +
+                        " shards of " + std::to_string(unit.shard) + " elements cannot hold its " +
+                        std::to_string(unit.length));
+      if (unit.length > (int64_t(1) << 62) - next_offset) bad(source, "sharding units overflow");
+      next_offset = unit.offset + unit.length;
+      index.sharding.units.push_back(unit);
+    }
+  } else if (j.contains("sharding")) {
+    bad(source, "has a 'sharding' section but format " + std::to_string(index.format) + " (sharded checkpoints are format " +
+                    std::to_string(kShardedCheckpointFormat) + ")");
+  }
   const auto& files = field("files");
   if (!files.is_array() || files.empty() || files.size() > kMaxFiles)
     bad(source, "'files' should be a non-empty array of at most " + std::to_string(kMaxFiles) + " entries");
@@ -177,6 +233,12 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
                        file.name.find('/') == std::string::npos && file.name.find('\0') == std::string::npos;
     if (!plain) bad(source, "file name '" + file.name.substr(0, 64) + "' is not a plain name inside the checkpoint");
     file.bytes = static_cast<uint64_t>(count(f["bytes"], "files.bytes"));
+    if (f.contains("rank")) {
+      file.rank = count(f["rank"], "files.rank");
+      if (file.rank >= index.sharding.world_size)
+        bad(source, "file '" + file.name + "' names rank " + std::to_string(file.rank) + " of a checkpoint written by " +
+                        std::to_string(index.sharding.world_size) + " rank(s)");
+    }
     const std::string checksum = f["checksum"].get<std::string>();
     const std::string prefix = "smelt-hash64:";
     if (checksum.size() != prefix.size() + 16 || checksum.compare(0, prefix.size(), prefix) != 0)

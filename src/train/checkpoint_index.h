@@ -12,7 +12,10 @@
 namespace smelt {
 
 // Bumped whenever the checkpoint layout changes; other formats are refused, never half-loaded.
+// Format 1: one model.safetensors and one optimizer.safetensors (the whole model). Format 2: a
+// sharded run's checkpoint, a pair of files per rank (see CheckpointSharding).
 constexpr int64_t kCheckpointFormat = 1;
+constexpr int64_t kShardedCheckpointFormat = 2;
 
 // smelt-hash64: a streaming 64-bit checksum (not cryptographic; it catches torn and corrupted files).
 // Four lanes each take every fourth little-endian 64-bit word: lane = rotl(lane ^ word * K1, 31) * K2;
@@ -35,7 +38,26 @@ struct CheckpointFile {
   std::string name;  // a plain file name inside the checkpoint folder
   uint64_t bytes = 0;
   uint64_t checksum = 0;
+  int64_t rank = -1;  // sharded checkpoints: the rank whose shards the file holds
 };
+
+// A sharded checkpoint's layout. Each unit (ShardLayout's: the embedding, one block, the head) is
+// the flat range [offset, offset + length) of the whole model's parameters (ParameterLayout
+// order); rank r holds unit elements [r * shard, min((r + 1) * shard, length)). Rank r's files,
+// model.rank-RRRRR-of-WWWWW.safetensors and optimizer.rank-..., hold for every parameter the
+// part of it inside that rank's ranges, as a 1-D F32 tensor of the parameter's name (optimizer:
+// exp_avg.<name>, exp_avg_sq.<name>); a parameter with no part there is absent.
+struct CheckpointShardUnit {
+  std::string name;  // "tok_embeddings", "layers.3", "norm+output"
+  int64_t offset = 0, length = 0, shard = 0;
+};
+struct CheckpointSharding {
+  int64_t world_size = 0;  // ranks that wrote files; 0: not sharded
+  std::vector<CheckpointShardUnit> units;
+  bool sharded() const { return world_size > 0; }
+};
+// "model.rank-00002-of-00004.safetensors" (`kind`: model or optimizer).
+std::string rank_file_name(const std::string& kind, int64_t rank, int64_t world_size);
 
 // Where training stands: enough to continue bit-identically.
 struct TrainingProgress {
@@ -54,6 +76,7 @@ struct CheckpointIndex {
   std::string model_json;   // model_config_to_json of the model
   std::string config_json;  // the run's effective config (for the record)
   TrainingProgress progress;
+  CheckpointSharding sharding;  // format 2 only
   std::vector<CheckpointFile> files;
 };
 

@@ -91,6 +91,7 @@ LayerViews Executor::layer_views(const Step& step) const {
   }
   v.float8 = lb.float8;
   v.float8_state = float8_states(step.layer);
+  if (plan_.float8_gathered()) gathered_float8_states(step, v.float8_state);
   for (int w = 0; w < kLayerWeightCount; ++w) {
     const auto& info = layout_.layer(step.layer, static_cast<LayerWeight>(w));
     v.weight[w] = weight_view(info, step);
@@ -122,7 +123,7 @@ HeadViews Executor::head_views(const Step& step) const {
 }
 
 void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
-  if (sharded()) wait_for_buffers(step);
+  if (data_parallel()) wait_for_buffers(step);
   switch (step.kind) {
     case StepKind::embedding_forward: embedding_forward(head_views(step), context_); return;
     case StepKind::layer_forward:
@@ -155,8 +156,12 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
     case StepKind::loss_reduce: backend_.mean({view(plan_.losses), view(plan_.loss)}); return;
     case StepKind::all_gather:
     case StepKind::reduce_scatter:
+    case StepKind::all_reduce_gradients:
     case StepKind::all_reduce_gradient_norm:
-    case StepKind::all_reduce_loss: run_collective(step); return;
+    case StepKind::all_reduce_loss:
+    case StepKind::float8_shard_amax:
+    case StepKind::all_reduce_float8_amax:
+    case StepKind::float8_shard_cast: run_collective(step); return;
   }
   SMELT_CHECK(false, "unknown step kind");
 }
@@ -204,7 +209,7 @@ void Executor::run_steps(bool updates, const OptimizerSettings& optimizer) {
 }
 
 void Executor::run_gradients(const OptimizerSettings& optimizer) {
-  const bool use_graph = graph_wanted_ && !graph_failed_ && !timing_ && !sharded();  // collectives stay eager
+  const bool use_graph = graph_wanted_ && !graph_failed_ && !timing_ && !data_parallel();  // collectives stay eager
   if (!use_graph || (!graph_captured_ && eager_runs_ < 1)) {
     ++eager_runs_;  // the first step runs eagerly: library caches and plans get built
     run_steps(false, optimizer);
@@ -241,7 +246,8 @@ void Executor::run_loss(const OptimizerSettings& optimizer) {
     const bool forward_gather = kind == StepKind::all_gather && plan_.steps[i].op == 0;
     if (kind == StepKind::embedding_forward || kind == StepKind::layer_forward ||
         kind == StepKind::final_norm_forward || kind == StepKind::output_head || kind == StepKind::loss_reduce ||
-        forward_gather || kind == StepKind::all_reduce_loss)
+        forward_gather || kind == StepKind::all_reduce_loss || kind == StepKind::float8_shard_amax ||
+        kind == StepKind::all_reduce_float8_amax || kind == StepKind::float8_shard_cast)
       run_indexed(i, optimizer);
   }
 }

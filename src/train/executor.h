@@ -41,8 +41,17 @@ class Executor {
   void load_optimizer_state(const float* exp_avg, const float* exp_avg_sq);
   void read_optimizer_state(float* exp_avg, float* exp_avg_sq);
 
-  // Sharding (null / false for a single device).
+  // Sharded only: this rank's own shards of the master weights and both moments, as they sit in
+  // its local buffers (ShardLayout::local_total() floats each; a unit's shard at its shard_offset),
+  // without collectives. Per-rank checkpoints read and write these.
+  void read_local_shards(float* parameters, float* exp_avg, float* exp_avg_sq);
+  void load_local_shards(const float* parameters, const float* exp_avg, const float* exp_avg_sq);
+
+  // Sharding (null / false for a single device). Data parallel: sharded, replicated or both
+  // (HSDP: `communicator` is split into shard groups of shard_degree consecutive ranks and
+  // replica groups across them).
   bool sharded() const { return shard_layout_ != nullptr; }
+  bool data_parallel() const { return plan_.data_parallel(); }
   Communicator* communicator() const { return communicator_; }
   const ShardLayout* shard_layout() const { return shard_layout_.get(); }
 
@@ -91,10 +100,22 @@ class Executor {
   void setup_float8();
   std::array<Float8LinearState, kLayerWeightCount> float8_states(int layer) const;
   void quantize_float8_weights();
+  // Float8 all-gather: the amax / all-reduce / cast steps that fill this rank's e4m3 shards; the
+  // gathered unit's norms unpacked and its W^T copies made (once per use); the layer's float8
+  // linears pointed at the gathered e4m3 weights.
+  void run_float8_gather_step(const Step& step);
+  void gather_float8_unit(const ShardUnit& unit, int slot);
+  void unpack_float8_remainder(int slot);
+  void transpose_float8_unit(int layer, int slot);
+  void gathered_float8_states(const Step& step, std::array<Float8LinearState, kLayerWeightCount>& states) const;
+  int gather_slot(int buffer) const { return buffer == plan_.gather_current ? 0 : 1; }
 
   // Sharded execution (executor_sharded.cpp).
-  void setup_sharding();  // checks the communicator against the plan
+  void setup_sharding();  // checks the communicator against the plan, splits it for HSDP
   void run_collective(const Step& step);
+  void all_reduce_replicas(const Step& step);
+  void set_pending(int buffer, Communicator& by, CollectiveHandle handle);
+  void wait_pending(int buffer);
   void wait_for_buffers(const Step& step);
   void finish_receive(int slot);
   void finish_collectives();
@@ -108,8 +129,20 @@ class Executor {
   ModelContext context_;
   Communicator* communicator_ = nullptr;
   std::unique_ptr<ShardLayout> shard_layout_;     // sharded plans only
-  std::vector<CollectiveHandle> pending_;         // per buffer: the collective its users must wait for
+  std::unique_ptr<ShardLayout> unit_layout_;      // data-parallel plans: units (of one rank when unsharded)
+  // The groups collectives run over: gathers, reduce-scatters and the gradient norm over the shard
+  // group; gradient all-reduces over the replica group; the loss over every rank.
+  Communicator* shard_group_ = nullptr;
+  Communicator* replica_group_ = nullptr;
+  std::unique_ptr<Communicator> shard_split_, replica_split_;  // HSDP: split from communicator_
+  struct Pending {
+    Communicator* by = nullptr;
+    CollectiveHandle handle = kNoCollective;
+  };
+  std::vector<Pending> pending_;                  // per buffer: the collective its users must wait for
   std::array<int, 2> receiving_unit_{-1, -1};     // bf16 reduce: the unit whose shard each receive buffer awaits
+  std::array<int, 2> float8_unpack_unit_{-1, -1}; // float8 all-gather: the unit whose norms each slot awaits
+  int float8_transposed_layer_ = -1;              // the layer whose W^T copies are made
   bool timing_ = false;
   bool graph_wanted_ = false, graph_captured_ = false, graph_failed_ = false;
   int eager_runs_ = 0;

@@ -1,5 +1,8 @@
 // Executor, float8 part: binds the planned float8 buffers (scratch, weight copies, saved input
-// amax) to the model context and layer views, and quantises the weight copies once per step.
+// amax) to the model context and layer views, and quantises the weight copies once per step;
+// with the float8 all-gather, casts this rank's shards and uses the gathered e4m3 weights.
+#include <algorithm>
+
 #include "train/executor.h"
 
 namespace smelt {
@@ -50,6 +53,194 @@ void Executor::quantize_float8_weights() {
       quantize_weight(backend_, plan_.options.float8.recipe, weight, states[static_cast<size_t>(w)].weight,
                       scratch.activation.amax, scratch.activation_transposed.amax);
     }
+  }
+}
+
+}  // namespace smelt
+
+// ---- Float8 all-gather (sharded tensorwise plans with PlanOptions::float8_all_gather) ----------
+
+namespace smelt {
+
+namespace {
+
+// Elements [offset, offset + count) of a flat view, as (1, count) when `row` (what amax and
+// quantize take) or (count).
+TensorView span_of(const TensorView& v, int64_t offset, int64_t count, bool row = false) {
+  SMELT_CHECK(offset >= 0 && count >= 0 && offset + count <= v.numel(), "span_of out of range of " + v.str());
+  return TensorView(static_cast<char*>(v.data) + static_cast<size_t>(offset) * dtype_size(v.dtype), v.dtype,
+                    row ? Shape{1, count} : Shape{count}, v.device);
+}
+
+}  // namespace
+
+void Executor::run_float8_gather_step(const Step& step) {
+  Communicator& group = *shard_group_;
+  const int64_t rank = group.rank();
+  const TensorView scales = view(plan_.float8_gather_scales);  // (L * 7) amax, then scales in place
+  const TensorView weights = view(plan_.compute_weights >= 0 ? plan_.compute_weights : plan_.parameters);
+  const TensorView shards = view(plan_.float8_shards);
+  // Calls body(parameter, scale index, first local element, count) for this rank's part of every float8 linear.
+  auto for_each_part = [&](auto body) {
+    for (int layer = 0; layer < static_cast<int>(plan_.model.n_layers); ++layer) {
+      const ShardUnit& unit = shard_layout_->unit(shard_layout_->block_unit(layer));
+      for (int w = 0; w < kLayerWeightCount; ++w) {
+        if (!plan_.layers[static_cast<size_t>(layer)].float8[static_cast<size_t>(w)]) continue;
+        const ParameterInfo& p = layout_.layer(layer, static_cast<LayerWeight>(w));
+        const int64_t mine = rank * unit.shard;  // this rank's part: unit elements [mine, mine + shard)
+        const int64_t first = std::max(p.offset - unit.offset, mine);
+        const int64_t last = std::min(p.offset - unit.offset + p.numel(), mine + unit.shard);
+        body(layer * kLayerWeightCount + w, unit.shard_offset + first - mine, last - first);
+      }
+    }
+  };
+  switch (step.kind) {
+    case StepKind::float8_shard_amax:
+      backend_.fill(scales, 0.0f);
+      for_each_part([&](int index, int64_t first, int64_t count) {
+        if (count <= 0) return;
+        AmaxArgs a;
+        a.x = span_of(weights, first, count, true);
+        a.amax = span_of(scales, index, 1);
+        backend_.amax(a);
+      });
+      return;
+    case StepKind::all_reduce_float8_amax: group.wait(group.all_reduce(scales, ReduceOp::max)); return;
+    case StepKind::float8_shard_cast: {
+      const OperandCast cast = float8_gemm_cast(plan_.options.float8.recipe, LinearGemm::output).b;
+      ScaleFromAmaxArgs s;
+      s.amax = scales;
+      s.scale = scales;
+      s.format = cast.dtype;
+      s.round_to_power_of_two = cast.round_scale_to_power_of_two;
+      backend_.scale_from_amax(s);
+      for_each_part([&](int index, int64_t first, int64_t count) {
+        if (count <= 0) return;
+        QuantizeArgs q;
+        q.src = span_of(weights, first, count, true);
+        q.dst = span_of(shards, first, count, true);
+        q.scale = span_of(scales, index, 1);
+        backend_.quantize(q);
+      });
+      // The float8 units' other parameters (norms), packed.
+      const TensorView packed = view(plan_.float8_remainder_shard);
+      int64_t offset = 0;
+      for (const ShardUnit& unit : shard_layout_->units()) {
+        if (!unit.float8_gathered()) continue;
+        int64_t cursor = offset;
+        for (const auto& [first, count] : shard_layout_->remainder_runs(unit, rank)) {
+          backend_.convert({span_of(weights, unit.shard_offset + first - rank * unit.shard, count),
+                            span_of(packed, cursor, count)});
+          cursor += count;
+        }
+        offset += unit.remainder;
+      }
+      float8_transposed_layer_ = -1;  // new weights: W^T copies are made again
+      return;
+    }
+    default: break;
+  }
+  SMELT_CHECK(false, "run_float8_gather_step: not a float8 gather step: " + step.name());
+}
+
+// The e4m3 gather of a float8 unit's shards, and of its norms (packed) beside it.
+void Executor::gather_float8_unit(const ShardUnit& unit, int slot) {
+  Communicator& c = *shard_group_;
+  const int gathered = plan_.float8_gather[static_cast<size_t>(slot)];
+  set_pending(gathered, c,
+              c.all_gather(span_of(view(plan_.float8_shards), unit.shard_offset, unit.shard),
+                           span_of(view(gathered), 0, unit.padded)));
+  if (unit.remainder > 0) {
+    int64_t offset = 0;
+    for (const ShardUnit& u : shard_layout_->units()) {
+      if (&u == &unit) break;
+      offset += u.remainder;
+    }
+    const int remainder = plan_.float8_remainder_gather[static_cast<size_t>(slot)];
+    set_pending(remainder, c,
+                c.all_gather(span_of(view(plan_.float8_remainder_shard), offset, unit.remainder),
+                             span_of(view(remainder), 0, unit.remainder * shard_layout_->ranks())));
+  }
+  int index = 0;
+  while (&shard_layout_->unit(index) != &unit) ++index;
+  float8_unpack_unit_[static_cast<size_t>(slot)] = index;
+}
+
+// Once the gather has landed: every rank's packed norms into their places in the compute-dtype
+// gather buffer (where the layer code reads them).
+void Executor::unpack_float8_remainder(int slot) {
+  const int index = float8_unpack_unit_[static_cast<size_t>(slot)];
+  if (index < 0) return;
+  float8_unpack_unit_[static_cast<size_t>(slot)] = -1;
+  const ShardUnit& unit = shard_layout_->unit(index);
+  const int remainder = plan_.float8_remainder_gather[static_cast<size_t>(slot)];
+  wait_pending(remainder);
+  const TensorView gathered = view(slot == 0 ? plan_.gather_current : plan_.gather_next);
+  for (int64_t q = 0; q < shard_layout_->ranks(); ++q) {
+    int64_t cursor = q * unit.remainder;
+    for (const auto& [first, count] : shard_layout_->remainder_runs(unit, q)) {
+      backend_.convert({span_of(view(remainder), cursor, count), span_of(gathered, first, count)});
+      cursor += count;
+    }
+  }
+}
+
+// Before a block's backward: W^T of each float8 linear from its gathered e4m3 W (decoded into the
+// unused compute-dtype place of W, then cast transposed with the same global scale: the same bytes).
+void Executor::transpose_float8_unit(int layer, int slot) {
+  if (float8_transposed_layer_ == layer) return;
+  float8_transposed_layer_ = layer;
+  const ShardUnit& unit = shard_layout_->unit(shard_layout_->block_unit(layer));
+  if (!unit.float8_gathered()) return;
+  const TensorView decoded = view(slot == 0 ? plan_.gather_current : plan_.gather_next);
+  std::array<Float8LinearState, kLayerWeightCount> states;
+  Step step{StepKind::layer_backward, layer};
+  step.unit = shard_layout_->block_unit(layer);
+  step.gathered_weights = slot == 0 ? plan_.gather_current : plan_.gather_next;
+  gathered_float8_states(step, states);
+  for (int w = 0; w < kLayerWeightCount; ++w) {
+    const Float8Weight& weight = states[static_cast<size_t>(w)].weight;
+    if (weight.empty()) continue;
+    const ParameterInfo& p = layout_.layer(layer, static_cast<LayerWeight>(w));
+    const int64_t out = weight.rows.values.rows(), in = weight.rows.values.cols();
+    const TensorView plain(static_cast<char*>(decoded.data) + static_cast<size_t>(p.offset - unit.offset) * dtype_size(decoded.dtype),
+                           decoded.dtype, Shape{out, in}, decoded.device);
+    DequantizeArgs d;
+    d.src = weight.rows.values;
+    d.dst = plain;
+    d.scale = weight.rows.scale;
+    backend_.dequantize(d);
+    QuantizeArgs q;
+    q.src = plain;
+    q.dst = weight.transposed.values;
+    q.scale = weight.transposed.scale;
+    q.transpose = true;
+    backend_.quantize(q);
+  }
+}
+
+void Executor::gathered_float8_states(const Step& step, std::array<Float8LinearState, kLayerWeightCount>& states) const {
+  if (step.gathered_weights < 0 || step.layer < 0 || step.unit < 0) return;
+  const ShardUnit& unit = shard_layout_->unit(step.unit);
+  if (!unit.float8_gathered()) return;
+  const int slot = gather_slot(step.gathered_weights);
+  const TensorView rows = view(plan_.float8_gather[static_cast<size_t>(slot)]);
+  const TensorView transposed = view(plan_.float8_gather_transposed);
+  const TensorView scales = view(plan_.float8_gather_scales);
+  const Float8Recipe recipe = plan_.options.float8.recipe;
+  for (int w = 0; w < kLayerWeightCount; ++w) {
+    if (!plan_.layers[static_cast<size_t>(step.layer)].float8[static_cast<size_t>(w)]) continue;
+    const ParameterInfo& p = layout_.layer(step.layer, static_cast<LayerWeight>(w));
+    const auto spec = layer_weight_spec(static_cast<LayerWeight>(w), plan_.model);
+    const int64_t out = spec.dims[0], in = spec.dims[1], at = p.offset - unit.offset;
+    const TensorView scale = span_of(scales, step.layer * kLayerWeightCount + w, 1);
+    Float8Weight& weight = states[static_cast<size_t>(w)].weight;
+    weight.rows = {TensorView(rows.as<uint8_t>() + at, float8_gemm_cast(recipe, LinearGemm::output).b.dtype, Shape{out, in},
+                              rows.device),
+                   scale, OperandScaling::tensorwise};
+    weight.transposed = {TensorView(transposed.as<uint8_t>() + at, float8_gemm_cast(recipe, LinearGemm::grad_input).b.dtype,
+                                    Shape{in, out}, transposed.device),
+                         scale, OperandScaling::tensorwise};
   }
 }
 

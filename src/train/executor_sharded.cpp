@@ -1,6 +1,7 @@
-// Executor, sharded half: the plan's collectives (all-gather of a unit's weights, reduce-scatter
-// of its gradients, all-reduces of the loss and gradient norm), the waits that order compute
-// after them, and moving whole-model host arrays to and from this rank's shards.
+// Executor, data-parallel half: the plan's collectives (all-gather of a unit's weights,
+// reduce-scatter of its gradients, all-reduces over replicas, of the loss and gradient norm), the
+// groups they run over, the waits that order compute after them, and moving whole-model host
+// arrays to and from this rank's shards.
 #include <algorithm>
 #include <cstring>
 
@@ -20,23 +21,60 @@ TensorView flat_slice(const TensorView& v, int64_t offset, int64_t count) {
 }  // namespace
 
 void Executor::setup_sharding() {
-  const int64_t degree = plan_.options.shard_degree;
+  const int64_t shard = plan_.options.shard_degree, replicas = plan_.options.replicate_degree;
+  const int64_t ranks = plan_.world_size();
   const int world = communicator_ ? communicator_->world_size() : 1;
-  if (plan_.sharded() && !communicator_)
-    fail(ErrorKind::config, "the plan shards over " + std::to_string(degree) +
-                                " ranks (parallelism.data_parallel_shard_degree) but no communicator was given; "
-                                "launch one process per GPU (scripts/run_train.sh) or set the degree to 1");
-  if (world != degree)
-    fail(ErrorKind::config, "parallelism.data_parallel_shard_degree is " + std::to_string(degree) + " but " +
-                                std::to_string(world) + " ranks were started (" + communicator_->name() +
-                                "); set --parallelism.data_parallel_shard_degree=" + std::to_string(world) +
-                                " (plain data parallelism and HSDP are not implemented yet)");
+  const std::string degrees = "parallelism.data_parallel_shard_degree (" + std::to_string(shard) +
+                              ") x parallelism.data_parallel_replicate_degree (" + std::to_string(replicas) + ") = " +
+                              std::to_string(ranks);
+  if (plan_.data_parallel() && !communicator_)
+    fail(ErrorKind::config, "the plan runs over " + std::to_string(ranks) + " ranks (" + degrees +
+                                ") but no communicator was given; launch one process per GPU (scripts/run_train.sh) "
+                                "or set the degrees to 1");
+  if (world != ranks) {
+    std::string hint = "set the degrees so that they multiply to " + std::to_string(world);
+    if (world % replicas == 0)
+      hint = "set --parallelism.data_parallel_shard_degree=" + std::to_string(world / replicas) + " (or change " +
+             "data_parallel_replicate_degree)";
+    fail(ErrorKind::config, degrees + " but " + std::to_string(world) + " ranks were started (" +
+                                communicator_->name() + "); the degrees must multiply to the number of ranks: " + hint);
+  }
+  if (!plan_.data_parallel()) return;
+  pending_.assign(plan_.buffers.size(), Pending{});
+  unit_layout_ = std::make_unique<ShardLayout>(layout_, plan_.sharded() ? shard : 1);
+  if (plan_.float8_gathered()) {
+    std::vector<std::array<bool, kLayerWeightCount>> float8;
+    for (const auto& lb : plan_.layers) float8.push_back(lb.float8);
+    unit_layout_->gather_in_float8(layout_, float8);
+  }
+  // Groups: shard groups are runs of `shard` consecutive ranks, replica groups take one rank of each.
+  const int rank = communicator_->rank();
+  if (plan_.sharded() && plan_.replicated()) {
+    shard_split_ = communicator_->split(rank / static_cast<int>(shard));
+    replica_split_ = communicator_->split(rank % static_cast<int>(shard));
+    shard_group_ = shard_split_.get();
+    replica_group_ = replica_split_.get();
+  } else if (plan_.sharded()) {
+    shard_group_ = communicator_;
+  } else {
+    replica_group_ = communicator_;
+  }
   if (plan_.sharded()) {
-    shard_layout_ = std::make_unique<ShardLayout>(layout_, degree);
-    pending_.assign(plan_.buffers.size(), kNoCollective);
+    shard_layout_ = std::make_unique<ShardLayout>(*unit_layout_);
     SMELT_CHECK(shard_layout_->local_total() == plan_.buffers[static_cast<size_t>(plan_.parameters)].shape.numel(),
                 "the plan's parameter shard does not match the shard layout");
   }
+}
+
+void Executor::set_pending(int buffer, Communicator& by, CollectiveHandle handle) {
+  if (buffer >= 0) pending_[static_cast<size_t>(buffer)] = Pending{&by, handle};
+}
+
+void Executor::wait_pending(int buffer) {
+  if (buffer < 0) return;
+  Pending& p = pending_[static_cast<size_t>(buffer)];
+  if (p.handle != kNoCollective) p.by->wait(p.handle);
+  p = Pending{};
 }
 
 TensorView Executor::unit_view(int buffer, const ParameterInfo& info, const Step& step) const {
@@ -50,46 +88,83 @@ TensorView Executor::unit_view(int buffer, const ParameterInfo& info, const Step
 
 void Executor::wait_for_buffers(const Step& step) {
   if (step.kind == StepKind::gradient_norm) finish_collectives();  // it reads every gradient shard
-  for (int buffer : {step.gathered_weights, step.unit_gradients}) {
-    if (buffer < 0) continue;
-    auto& handle = pending_[static_cast<size_t>(buffer)];
-    if (handle != kNoCollective) communicator_->wait(handle);
-    handle = kNoCollective;
+  for (int buffer : {step.gathered_weights, step.unit_gradients}) wait_pending(buffer);
+  if (step.gathered_weights >= 0 && plan_.float8_gathered()) {
+    const int slot = gather_slot(step.gathered_weights);
+    wait_pending(plan_.float8_gather[static_cast<size_t>(slot)]);
+    unpack_float8_remainder(slot);
+    if (step.kind == StepKind::layer_backward) transpose_float8_unit(step.layer, slot);
   }
 }
 
-// bf16 reduce: the shard received in `slot` (once its reduce-scatter is done) into the f32 gradients.
+// bf16 reduce: the shard received in `slot` (once its reduce-scatter is done) into the f32
+// gradients; plain data parallel: the unit's all-reduced bf16 copy back into the flat gradients.
 void Executor::finish_receive(int slot) {
   const int unit_index = receiving_unit_[static_cast<size_t>(slot)];
   if (unit_index < 0) return;
-  const ShardUnit& unit = shard_layout_->unit(unit_index);
-  const int receive = plan_.reduce_receive[static_cast<size_t>(slot)];
-  communicator_->wait(pending_[static_cast<size_t>(receive)]);
-  pending_[static_cast<size_t>(receive)] = kNoCollective;
-  backend_.convert({flat_slice(view(receive), 0, unit.shard), flat_slice(view(plan_.gradients), unit.shard_offset, unit.shard)});
   receiving_unit_[static_cast<size_t>(slot)] = -1;
+  const ShardUnit& unit = unit_layout_->unit(unit_index);
+  if (!sharded()) {
+    const int send = plan_.reduce_send[static_cast<size_t>(slot)];
+    wait_pending(send);
+    backend_.convert({flat_slice(view(send), 0, unit.length), flat_slice(view(plan_.gradients), unit.offset, unit.length)});
+    return;
+  }
+  const int receive = plan_.reduce_receive[static_cast<size_t>(slot)];
+  wait_pending(receive);
+  backend_.convert({flat_slice(view(receive), 0, unit.shard), flat_slice(view(plan_.gradients), unit.shard_offset, unit.shard)});
 }
 
 // Everything issued has landed (before the gradient norm reads the gradient shards).
 void Executor::finish_collectives() {
   for (int slot = 0; slot < 2; ++slot) finish_receive(slot);
-  for (auto& handle : pending_) {
-    if (handle != kNoCollective) communicator_->wait(handle);
-    handle = kNoCollective;
+  for (size_t buffer = 0; buffer < pending_.size(); ++buffer) wait_pending(static_cast<int>(buffer));
+}
+
+// After a unit's gradients are reduced over the shard group (or, unsharded, computed): their
+// average over the replica group. f32 in place; bf16 through the bf16 buffers (see finish_receive).
+void Executor::all_reduce_replicas(const Step& step) {
+  Communicator& c = *replica_group_;
+  const ShardUnit& unit = unit_layout_->unit(step.unit);
+  const int slot = !sharded() ? (step.unit_gradients == plan_.reduce_send[1] ? 1 : 0)
+                              : (receiving_unit_[0] == step.unit ? 0 : 1);
+  if (sharded()) {
+    if (plan_.reduce_receive[0] < 0) {  // the shard, in place in the f32 gradients
+      const CollectiveHandle handle =
+          c.all_reduce(flat_slice(view(plan_.gradients), unit.shard_offset, unit.shard), ReduceOp::average);
+      set_pending(plan_.gradients, c, handle);
+      return;
+    }
+    const int receive = plan_.reduce_receive[static_cast<size_t>(slot)];  // the bf16 shard, before it is widened
+    set_pending(receive, c, c.all_reduce(flat_slice(view(receive), 0, unit.shard), ReduceOp::average));
+    return;
   }
+  if (step.unit_gradients < 0) {  // plain data parallel, in place
+    set_pending(plan_.gradients, c,
+                c.all_reduce(flat_slice(view(plan_.gradients), unit.offset, unit.length), ReduceOp::average));
+    return;
+  }
+  finish_receive(slot);  // the unit before last used this bf16 copy
+  const TensorView copy = flat_slice(view(step.unit_gradients), 0, unit.length);
+  backend_.convert({flat_slice(view(plan_.gradients), unit.offset, unit.length), copy});
+  set_pending(step.unit_gradients, c, c.all_reduce(copy, ReduceOp::average));
+  receiving_unit_[static_cast<size_t>(slot)] = step.unit;
 }
 
 void Executor::run_collective(const Step& step) {
-  Communicator& c = *communicator_;
   switch (step.kind) {
     case StepKind::all_gather: {
+      Communicator& c = *shard_group_;
       const ShardUnit& unit = shard_layout_->unit(step.unit);
+      if (unit.float8_gathered()) return gather_float8_unit(unit, gather_slot(step.gathered_weights));
       const TensorView source = view(plan_.compute_weights >= 0 ? plan_.compute_weights : plan_.parameters);
-      pending_[static_cast<size_t>(step.gathered_weights)] =
-          c.all_gather(flat_slice(source, unit.shard_offset, unit.shard), flat_slice(view(step.gathered_weights), 0, unit.padded));
+      set_pending(step.gathered_weights, c,
+                  c.all_gather(flat_slice(source, unit.shard_offset, unit.shard),
+                               flat_slice(view(step.gathered_weights), 0, unit.padded)));
       return;
     }
     case StepKind::reduce_scatter: {
+      Communicator& c = *shard_group_;
       const ShardUnit& unit = shard_layout_->unit(step.unit);
       const TensorView gradients = view(step.unit_gradients);
       for (const auto& [first, last] : unit.gaps) backend_.fill(flat_slice(gradients, first, last - first), 0.0f);
@@ -99,26 +174,32 @@ void Executor::run_collective(const Step& step) {
         const CollectiveHandle handle = c.reduce_scatter(flat_slice(gradients, 0, unit.padded),
                                                          flat_slice(view(plan_.gradients), unit.shard_offset, unit.shard),
                                                          ReduceOp::average);
-        pending_[static_cast<size_t>(step.unit_gradients)] = handle;
-        pending_[static_cast<size_t>(plan_.gradients)] = handle;  // the latest; earlier ones precede it
+        set_pending(step.unit_gradients, c, handle);
+        set_pending(plan_.gradients, c, handle);  // the latest; earlier ones precede it
         return;
       }
       finish_receive(slot);  // the unit before last used these bf16 buffers
-      communicator_->wait(pending_[static_cast<size_t>(send)]);
+      wait_pending(send);
       const TensorView sent = flat_slice(view(send), 0, unit.padded);
       backend_.convert({flat_slice(gradients, 0, unit.padded), sent});
       const int receive = plan_.reduce_receive[static_cast<size_t>(slot)];
       const CollectiveHandle handle = c.reduce_scatter(sent, flat_slice(view(receive), 0, unit.shard), ReduceOp::average);
-      pending_[static_cast<size_t>(send)] = handle;
-      pending_[static_cast<size_t>(receive)] = handle;
+      set_pending(send, c, handle);
+      set_pending(receive, c, handle);
       receiving_unit_[static_cast<size_t>(slot)] = step.unit;
       return;
     }
-    case StepKind::all_reduce_gradient_norm:
+    case StepKind::all_reduce_gradients: return all_reduce_replicas(step);
+    case StepKind::all_reduce_gradient_norm: {
       finish_collectives();  // no-op when the gradient norm step already waited
+      Communicator& c = *shard_group_;
       c.wait(c.all_reduce(view(plan_.grad_sum_squares), ReduceOp::sum));
       return;
-    case StepKind::all_reduce_loss: c.wait(c.all_reduce(view(plan_.loss), ReduceOp::average)); return;
+    }
+    case StepKind::all_reduce_loss: communicator_->wait(communicator_->all_reduce(view(plan_.loss), ReduceOp::average)); return;
+    case StepKind::float8_shard_amax:
+    case StepKind::all_reduce_float8_amax:
+    case StepKind::float8_shard_cast: return run_float8_gather_step(step);
     default: break;
   }
   SMELT_CHECK(false, "run_collective: not a collective step: " + step.name());
@@ -127,7 +208,7 @@ void Executor::run_collective(const Step& step) {
 // Whole-model host array (flat layout, f32) -> this rank's shard of every unit in `buffer`.
 void Executor::scatter_to_shards(const float* host, int buffer) {
   const TensorView local = view(buffer);
-  const int rank = communicator_->rank();
+  const int rank = shard_group_->rank();
   std::vector<double> shard(static_cast<size_t>(local.numel()), 0.0);
   for (const ShardUnit& unit : shard_layout_->units())
     for (int64_t k = 0; k < unit.shard; ++k) {
@@ -145,7 +226,7 @@ void Executor::scatter_to_shards(const float* host, int buffer) {
 // Collective: every rank's shards of `buffer` -> the whole-model host array (null: take part only).
 // Staged through the first reduce-scatter buffer (master dtype), a piece of every unit at a time.
 void Executor::gather_from_shards(int buffer, float* host) {
-  Communicator& c = *communicator_;
+  Communicator& c = *shard_group_;  // every shard group holds the whole model (HSDP: identical replicas)
   finish_collectives();
   const TensorView local = view(buffer), staging = view(plan_.reduce_scatter[0]);
   const int64_t ranks = shard_layout_->ranks();
@@ -206,6 +287,28 @@ void Executor::read_optimizer_state(float* exp_avg, float* exp_avg_sq) {
       backend_.copy_to_host(host, state);
     }
   }
+}
+
+void Executor::read_local_shards(float* parameters, float* exp_avg, float* exp_avg_sq) {
+  SMELT_CHECK(sharded(), "read_local_shards needs a sharded executor");
+  finish_collectives();
+  for (auto [buffer, host] : {std::pair{plan_.parameters, parameters}, std::pair{plan_.exp_avg, exp_avg},
+                              std::pair{plan_.exp_avg_sq, exp_avg_sq}}) {
+    const TensorView local = view(buffer);
+    SMELT_CHECK(local.dtype == DType::f32, "read_local_shards: f32 master state expected, found " + local.str());
+    backend_.copy_to_host(host, local);
+  }
+}
+
+void Executor::load_local_shards(const float* parameters, const float* exp_avg, const float* exp_avg_sq) {
+  SMELT_CHECK(sharded(), "load_local_shards needs a sharded executor");
+  for (auto [buffer, host] : {std::pair{plan_.parameters, parameters}, std::pair{plan_.exp_avg, exp_avg},
+                              std::pair{plan_.exp_avg_sq, exp_avg_sq}}) {
+    const TensorView local = view(buffer);
+    SMELT_CHECK(local.dtype == DType::f32, "load_local_shards: f32 master state expected, found " + local.str());
+    backend_.copy_to_device(local, host);
+  }
+  if (plan_.compute_weights >= 0) backend_.convert({view(plan_.parameters), view(plan_.compute_weights)});
 }
 
 }  // namespace smelt

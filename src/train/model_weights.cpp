@@ -1,9 +1,10 @@
-// Saving and loading the final weights of a run.
+// Saving and loading the final weights of a run (or of a checkpoint, whole-model or per rank).
 #include "train/model_weights.h"
 
 #include <cstring>
 #include <filesystem>
 
+#include "train/checkpoint.h"
 #include "train/safetensors.h"
 
 namespace smelt {
@@ -29,17 +30,15 @@ void save_model_weights(const std::string& path, Executor& executor, const std::
                     {"smelt.seq_len", std::to_string(seq_len)}});
 }
 
-SavedModel load_model_weights(const std::string& path) {
-  std::string file = path;
-  if (std::filesystem::is_directory(path)) file = (std::filesystem::path(path) / "model.safetensors").string();
-  SafetensorsFile st = load_safetensors(file);
+namespace {
+
+void read_metadata(SavedModel& saved, const std::map<std::string, std::string>& metadata, const std::string& file) {
   auto meta = [&](const char* key) {
-    auto it = st.metadata.find(key);
-    if (it == st.metadata.end())
+    auto it = metadata.find(key);
+    if (it == metadata.end())
       fail(ErrorKind::input, "'" + file + "' has no '" + key + "' metadata: it was not written by smelt train");
     return it->second;
   };
-  SavedModel saved;
   saved.model = model_config_from_json(meta("smelt.model"), file);
   saved.tokenizer = meta("smelt.tokenizer");
   try {
@@ -48,6 +47,33 @@ SavedModel load_model_weights(const std::string& path) {
     fail(ErrorKind::input, "'" + file + "': smelt.seq_len is not a number");
   }
   if (saved.seq_len <= 0 || saved.seq_len > (1 << 20)) fail(ErrorKind::input, "'" + file + "': smelt.seq_len out of range");
+}
+
+}  // namespace
+
+SavedModel load_model_weights(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::string file = path;
+  if (fs::is_directory(path)) {
+    file = (fs::path(path) / "model.safetensors").string();
+    if (!fs::exists(file) && fs::exists(fs::path(path) / "index.json")) {  // a sharded checkpoint: every rank's files
+      const CheckpointIndex index = read_checkpoint_index(path);
+      if (!index.sharding.sharded())
+        fail(ErrorKind::input, "checkpoint '" + path + "' lists no model.safetensors; the checkpoint is damaged");
+      SavedModel saved;
+      saved.model = model_config_from_json(index.model_json, path + "/index.json");
+      std::map<std::string, std::string> metadata;
+      saved.parameters = read_sharded_parameters(path, index, saved.model, &metadata);
+      const std::string first = (fs::path(path) / rank_file_name("model", 0, index.sharding.world_size)).string();
+      read_metadata(saved, metadata, first);
+      if (model_config_to_json(saved.model) != model_config_to_json(model_config_from_json(index.model_json, path)))
+        fail(ErrorKind::input, "'" + first + "' describes another model than its index.json; the checkpoint is damaged");
+      return saved;
+    }
+  }
+  SafetensorsFile st = load_safetensors(file);
+  SavedModel saved;
+  read_metadata(saved, st.metadata, file);
   ParameterLayout layout(saved.model);
   saved.parameters.assign(static_cast<size_t>(layout.total()), 0.0f);
   for (const auto& p : layout.parameters()) {

@@ -77,6 +77,8 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   o.shard_degree = config.parallelism.data_parallel_shard_degree;
   o.reduce_dtype = parse_dtype(config.parallelism.reduce_dtype);
   o.shard_single_rank = config.parallelism.shard_single_rank;
+  o.replicate_degree = config.parallelism.data_parallel_replicate_degree;
+  o.float8_all_gather = config.float8.all_gather;
 
   // The device, its memory and the budget; the cost model.
   const bool cuda = config.job.device == "cuda";

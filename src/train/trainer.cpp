@@ -82,7 +82,7 @@ TrainResult train(const JobConfig& config, std::ostream& log, Communicator* comm
   log << "smelt " << SMELT_VERSION << ": " << describe(model) << "\n";
   log << "plan: " << plan_summary_line(plan) << "\n";
   const CommunicationVolume communication = communication_volume(plan);
-  if (plan.sharded())
+  if (plan.data_parallel())
     log << rank_label(ranks) << "FSDP over " << ranks.world_size << " rank(s) (" << ranks.communicator->name()
         << "): weights gathered in " << dtype_name(communication.gather_dtype) << ", gradients reduced in "
         << dtype_name(communication.reduce_dtype) << ", " << format_bytes(static_cast<size_t>(communication.total_bytes()))
@@ -158,13 +158,17 @@ TrainResult train(const JobConfig& config, std::ostream& log, Communicator* comm
   // Resume (checkpoint.load, or the newest checkpoint in the folder), then guard and checkpoint every step.
   std::string tokenizer_spec = config.model.tokenizer_path;
   if (tokenizer_spec != "byte") tokenizer_spec = std::filesystem::absolute(tokenizer_spec).string();
-  // Every rank resumes from the checkpoint rank 0 chose (each keeps its shards); only rank 0 writes.
-  const JobConfig checkpoint_config = checkpoint_config_for_rank(config, ranks, result.run_folder);
-  Checkpointer checkpointer(checkpoint_config, result.run_folder, model, executor.layout(), tokenizer_spec, shape.seq_len);
+  // Sharded over several ranks: every rank writes its own shards' files (rank 0 the index) and
+  // resumes from the checkpoint rank 0 chose, reading only its ranges. Otherwise rank 0 alone
+  // writes the whole model and the others resume from what it chose.
+  const ShardLayout* shards = per_rank_checkpoints(executor, ranks) ? executor.shard_layout() : nullptr;
+  const JobConfig checkpoint_config = shards ? config : checkpoint_config_for_rank(config, ranks, result.run_folder);
+  Checkpointer checkpointer(checkpoint_config, result.run_folder, model, executor.layout(), tokenizer_spec, shape.seq_len,
+                            shards, shards ? ranks.communicator : nullptr);
   TrainingProgress progress = checkpointer.resume(executor, *dataset.train, dataset.validation.get(), log);
   auto after_step = [&](int64_t step) {
     const bool due = config.checkpoint.enable && (step == config.training.steps || step % config.checkpoint.interval == 0);
-    if (ranks.leader())
+    if (ranks.leader() || shards)
       checkpointer.after_step(executor, progress, step == config.training.steps, log);
     else if (due)
       take_part_in_checkpoint(executor);
@@ -224,7 +228,7 @@ TrainResult train(const JobConfig& config, std::ostream& log, Communicator* comm
     m.mfu_percent = on_gpu ? 100.0 * m.tflops / kHopperPeakTflops : -1;
     m.memory_gib = static_cast<double>(executor.arena().size()) / double(1ull << 30);
     m.elapsed_seconds = std::chrono::duration<double>(now - start).count();
-    if (plan.sharded()) {
+    if (plan.data_parallel()) {
       m.ranks = ranks.world_size;
       m.gather_dtype = std::string(dtype_name(communication.gather_dtype));
       m.reduce_dtype = std::string(dtype_name(communication.reduce_dtype));

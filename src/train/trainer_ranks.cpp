@@ -8,12 +8,8 @@ namespace smelt {
 
 RunRanks join_ranks(const JobConfig& config, const LaunchEnvironment& env, Backend& backend, Communicator* given) {
   RunRanks ranks;
-  if (config.parallelism.data_parallel_replicate_degree > 1)
-    fail(ErrorKind::config, "parallelism.data_parallel_replicate_degree = " +
-                                std::to_string(config.parallelism.data_parallel_replicate_degree) +
-                                ": plain data parallelism and HSDP are not implemented yet; shard over every rank "
-                                "with parallelism.data_parallel_shard_degree instead");
-  const bool shards = config.parallelism.data_parallel_shard_degree > 1 || config.parallelism.shard_single_rank;
+  const bool shards = config.parallelism.data_parallel_shard_degree > 1 || config.parallelism.shard_single_rank ||
+                     config.parallelism.data_parallel_replicate_degree > 1;
   if (given) {
     ranks.communicator = given;
   } else if (env.distributed() || shards) {
@@ -40,6 +36,11 @@ RunRanks join_ranks(const JobConfig& config, const LaunchEnvironment& env, Backe
 void take_part_in_checkpoint(Executor& executor) {
   executor.read_parameters(nullptr);
   executor.read_optimizer_state(nullptr, nullptr);
+}
+
+bool per_rank_checkpoints(const Executor& executor, const RunRanks& ranks) {
+  return executor.sharded() && executor.shard_layout()->ranks() > 1 && ranks.communicator != nullptr &&
+         ranks.world_size % executor.shard_layout()->ranks() == 0;
 }
 
 std::string rank_label(const RunRanks& ranks) {

@@ -14,7 +14,7 @@ namespace smelt {
 struct RunRanks {
   Communicator* communicator = nullptr;  // null: one device, no collectives
   int rank = 0, world_size = 1;
-  bool leader() const { return rank == 0; }  // writes the run folder, metrics, checkpoints, weights
+  bool leader() const { return rank == 0; }  // writes the run folder, metrics, weights, checkpoint indexes
   std::unique_ptr<Communicator> owned;       // NCCL, made here
   std::unique_ptr<LocalGroup> local;         // one in-process rank (shard_single_rank on the CPU)
 };
@@ -25,8 +25,13 @@ struct RunRanks {
 RunRanks join_ranks(const JobConfig& config, const LaunchEnvironment& env, Backend& backend, Communicator* given);
 
 // What a checkpoint save reads from the executor, in the same order (CheckpointWriter::save):
-// ranks other than 0 call it when a checkpoint is due so the collective reads line up.
+// ranks other than 0 call it when a checkpoint is due so the collective reads line up
+// (whole-model checkpoints only).
 void take_part_in_checkpoint(Executor& executor);
+
+// Whether each rank writes its own checkpoint files (sharded over several ranks, the shard groups
+// covering the world: FSDP, or HSDP whose first shard group writes) rather than rank 0 the whole model.
+bool per_rank_checkpoints(const Executor& executor, const RunRanks& ranks);
 
 // A compact "rank 3/8" log prefix; "" for a single rank.
 std::string rank_label(const RunRanks& ranks);

@@ -36,11 +36,18 @@ struct ShardedCase {
   int64_t batch_per_rank = 2, seq_len = 8;
   int steps = 3;
   bool shard_single_rank = false;  // the FSDP schedule over a communicator of one rank
+  // Replicas over the world (1: FSDP over every rank; the world: plain data parallel; between: HSDP).
+  int64_t replicate = 1;
+  bool float8_all_gather = false;  // gather float8 linears' weights in e4m3 (tensorwise, sharded)
 };
 
-inline PlanOptions sharded_plan_options(const ModelConfig& model, const ShardedCase& c, int64_t batch, int64_t degree,
+// `world`: the ranks the run has (1: the single-rank reference, never replicated).
+inline PlanOptions sharded_plan_options(const ModelConfig& model, const ShardedCase& c, int64_t batch, int64_t world,
                                         const Backend& backend) {
   PlanOptions o;
+  o.replicate_degree = world > 1 ? c.replicate : 1;
+  const int64_t degree = world / o.replicate_degree;
+  o.float8_all_gather = c.float8_all_gather;
   o.shape = {batch, c.seq_len};
   o.compute_dtype = c.compute;
   o.policy = parse_checkpoint_policy(c.policy);

@@ -1,6 +1,7 @@
 // The trainer with ranks as threads: two ranks on slices of each global batch train like one
 // rank on the whole batch; rank 0 alone writes the run folder (metrics with the communication
-// dtype and bytes, checkpoints, weights); a sharded run resumes from its checkpoint; ranks that
+// dtype and bytes, weights; each rank writes its own checkpoint files, test_sharded_checkpoint.cpp);
+// a sharded run resumes from its checkpoint; ranks that
 // disagree on the config stop with an error naming the key.
 #include <gtest/gtest.h>
 

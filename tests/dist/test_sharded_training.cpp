@@ -148,6 +148,87 @@ INSTANTIATE_TEST_SUITE_P(Ranks, ShardedMatchesSingleRank,
                            return name;
                          });
 
+// Plain data parallel (every rank holds the whole model, gradients all-reduced per unit) and
+// HSDP (sharded within groups of consecutive ranks, replicated across them) match one rank on the
+// global batch, with the same tolerances as FSDP: only the order of summation differs.
+struct Layout {
+  int ranks;
+  int64_t replicate;
+};
+void PrintTo(const Layout& layout, std::ostream* out) { *out << layout.replicate << "x" << layout.ranks / layout.replicate; }
+
+class DataParallelMatchesSingleRank : public ::testing::TestWithParam<std::tuple<Scenario, Layout>> {};
+
+TEST_P(DataParallelMatchesSingleRank, LossesWeightsAndMomentsAfterThreeSteps) {
+  const auto& [scenario, layout] = GetParam();
+  ShardedCase c = scenario.c;
+  c.replicate = layout.replicate;
+  const ModelConfig model = testing::small_model();
+  const std::vector<float> initial = testing::initial_weights(model, 19);
+  const GlobalBatches batches = testing::random_batches(model, layout.ranks * c.batch_per_rank * c.seq_len, c.steps, 29);
+  const RunResult single = testing::train_one_rank(model, c, layout.ranks, nullptr, initial, batches);
+  ASSERT_GT(single.gradient_norms[0], testing::test_optimizer(1).max_norm);
+  const std::vector<RunResult> replicated = testing::train_sharded(model, c, layout.ranks, initial, batches);
+  const std::string label = std::string(scenario.name) + " " + std::to_string(layout.replicate) + " replicas x " +
+                            std::to_string(layout.ranks / layout.replicate) + " shards";
+  expect_matches(model, single, replicated, initial, tolerance_for(c), label);
+  // Replicas end with the same bits too (each rank's own moments, not only the gathered weights).
+  for (size_t r = 1; r < replicated.size(); ++r) EXPECT_EQ(replicated[r].exp_avg_sq, replicated[0].exp_avg_sq) << label;
+}
+
+const Scenario kReplicatedScenarios[] = {
+    {"f64 none", {.policy = "none", .compute = DType::f64}},
+    {"f32 full", {.policy = "full"}},
+    {"f32 bf16-reduce", {.policy = "none", .reduce = DType::bf16}},
+    {"bf16 selective-op", {.policy = "selective-op", .compute = DType::bf16}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelMatchesSingleRank,
+                         ::testing::Combine(::testing::ValuesIn(kReplicatedScenarios),
+                                            ::testing::Values(Layout{2, 2}, Layout{4, 4}, Layout{4, 2})),
+                         [](const auto& info) {
+                           const Layout& layout = std::get<1>(info.param);
+                           std::string name = std::string(std::get<0>(info.param).name) + "_replicas" +
+                                              std::to_string(layout.replicate) + "_shards" +
+                                              std::to_string(layout.ranks / layout.replicate);
+                           for (char& ch : name)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return name;
+                         });
+
+// Float8 all-gather: two ranks gather float8 linears' weights in e4m3 with scales from one
+// all-reduce of every weight's amax. The GEMMs then see exactly the e4m3 weights one rank makes
+// from the whole tensor, so the bound is the one of the float8 FSDP case: twice float8's own
+// effect on the run (activation scales still come from each rank's own tokens).
+TEST(Float8AllGather, TwoRanksMatchOneRankWithinFloat8Noise) {
+  ShardedCase c{.policy = "selective-op", .compute = DType::bf16, .float8 = Float8Recipe::tensorwise};
+  c.float8_all_gather = true;
+  const ModelConfig model = testing::small_model();
+  const std::vector<float> initial = testing::initial_weights(model, 17);
+  const GlobalBatches batches = testing::random_batches(model, 2 * c.batch_per_rank * c.seq_len, c.steps, 23);
+  const RunResult single = testing::train_one_rank(model, c, 2, nullptr, initial, batches);
+  ShardedCase plain = c;
+  plain.float8 = Float8Recipe::none;
+  const RunResult reference = testing::train_one_rank(model, plain, 2, nullptr, initial, batches);
+  const double float8_noise = relative_update_difference(single.parameters, reference.parameters, initial);
+  ASSERT_GT(float8_noise, 1e-2) << "the float8 run matches the bf16 one: were the linears in float8?";
+  Tolerance tolerance = tolerance_for(c);
+  tolerance.relative = 2 * float8_noise;
+  const std::vector<RunResult> gathered = testing::train_sharded(model, c, 2, initial, batches);
+  expect_matches(model, single, gathered, initial, tolerance, "float8 all-gather x2");
+  // The bf16 gather quantises each gathered weight with the amax of the whole weight: the same
+  // scale and the same e4m3 values as the float8 gather's global amax. So the two runs agree to the
+  // bit, which checks the e4m3 path (shard casts, amax all-reduce, norms packed beside it, W^T made
+  // after the gather) exactly, not only within float8's noise.
+  ShardedCase bf16_gather = c;
+  bf16_gather.float8_all_gather = false;
+  const std::vector<RunResult> plain_gather = testing::train_sharded(model, bf16_gather, 2, initial, batches);
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    EXPECT_EQ(gathered[r].losses, plain_gather[r].losses) << "rank " << r;
+    EXPECT_EQ(gathered[r].parameters, plain_gather[r].parameters) << "rank " << r;
+  }
+}
+
 // The FSDP schedule over a communicator of one rank (what measures the machinery's cost on one
 // GPU) computes exactly what the unsharded plan computes: gathers copy, averages divide by one.
 TEST(ShardedSingleRank, TheFsdpScheduleOverOneRankIsBitIdenticalToTheUnshardedRun) {

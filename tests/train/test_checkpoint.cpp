@@ -234,6 +234,42 @@ TEST(CheckpointIndex, RoundTripsAndRejectsMalformedFields) {
   }
 }
 
+TEST(CheckpointIndex, ShardedIndexRoundTripsAndRejectsInconsistentLayouts) {
+  CheckpointIndex index;
+  index.format = kShardedCheckpointFormat;
+  index.smelt_version = "1.2.3";
+  index.model_json = R"({"dim": 8})";
+  index.sharding.world_size = 3;
+  index.sharding.units = {{"tok_embeddings", 0, 100, 64}, {"norm+output", 100, 130, 64}};
+  for (int64_t r = 0; r < 3; ++r) index.files.push_back({rank_file_name("model", r, 3), 100 + static_cast<uint64_t>(r), 7, r});
+  EXPECT_EQ(rank_file_name("optimizer", 2, 4), "optimizer.rank-00002-of-00004.safetensors");
+  const std::string json = checkpoint_index_to_json(index);
+  const CheckpointIndex back = parse_checkpoint_index(json, "test");
+  EXPECT_EQ(back.format, kShardedCheckpointFormat);
+  EXPECT_EQ(back.sharding.world_size, 3);
+  ASSERT_EQ(back.sharding.units.size(), 2u);
+  EXPECT_EQ(back.sharding.units[1].name, "norm+output");
+  EXPECT_EQ(back.sharding.units[1].offset, 100);
+  EXPECT_EQ(back.sharding.units[1].length, 130);
+  EXPECT_EQ(back.sharding.units[1].shard, 64);
+  ASSERT_EQ(back.files.size(), 3u);
+  EXPECT_EQ(back.files[2].rank, 2);
+  EXPECT_EQ(back.files[2].name, "model.rank-00002-of-00003.safetensors");
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"world_size\": 3", "\"world_size\": 0"},
+           {"\"offset\": 100", "\"offset\": 99"},      // units must tile the model
+           {"\"length\": 130", "\"length\": 200"},     // 3 shards of 64 cannot hold 200
+           {"\"length\": 130", "\"length\": 0"},
+           {"\"rank\": 2", "\"rank\": 3"},             // a rank beyond the world size
+           {"\"format\": 2", "\"format\": 1"},         // a sharding section needs format 2
+           {"\"units\": [", "\"units\": 5, \"x\": ["}}) {
+    std::string broken = json;
+    ASSERT_NE(broken.find(from), std::string::npos) << from;
+    broken.replace(broken.find(from), from.size(), to);
+    EXPECT_THROW(parse_checkpoint_index(broken, "test"), Error) << to;
+  }
+}
+
 TEST(Checksum, StreamingEqualsOneShotAndSeesEveryByte) {
   std::vector<unsigned char> bytes(1000);
   Random random(5, 0);
