@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
 
   GenerateOptions generate_options;
   auto* generate_command = app.add_subcommand("generate", "Sample text from trained weights");
-  generate_command->add_option("--checkpoint", generate_options.checkpoint, "Run folder or model.safetensors")->required();
+  generate_command->add_option("--checkpoint", generate_options.checkpoint, "Run folder, model.safetensors, or a checkpoint folder (whole or per-rank)")->required();
   generate_command->add_option("--prompt", generate_options.prompt, "Text to continue");
   generate_command->add_option("--max-tokens", generate_options.max_tokens, "Tokens to generate")->check(CLI::NonNegativeNumber);
   generate_command->add_option("--temperature", generate_options.temperature, "Sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);

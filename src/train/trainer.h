@@ -28,7 +28,8 @@ class Communicator;
 // Several ranks (parallelism.data_parallel_shard_degree > 1): `communicator` joins them (tests
 // run ranks as threads); without one, the launcher's environment (torchrun, Slurm, Open MPI)
 // says who this process is and NCCL joins the ranks. Each rank trains on its slice of every
-// global batch; rank 0 writes the run folder, metrics, checkpoints and weights.
+// global batch; rank 0 writes the run folder, metrics, the checkpoint index and the final weights;
+// every rank writes its own checkpoint shard files.
 TrainResult train(const JobConfig& config, std::ostream& log, Communicator* communicator = nullptr);
 
 }  // namespace smelt
