@@ -84,18 +84,18 @@ int run_child(const std::vector<std::string>& arguments) {
 std::string table_row(const std::string& cell, const BenchResult* r, const std::string& failure) {
   char line[400];
   if (!r) {
-    std::snprintf(line, sizeof line, "| %-44s | %s |\n", cell.c_str(), failure.c_str());
+    std::snprintf(line, sizeof line, "| %-52s | %s |\n", cell.c_str(), failure.c_str());
     return line;
   }
-  std::snprintf(line, sizeof line, "| %-44s | %10.0f | %7.1f | %5.1f%% | %8.1f | %9.2f | %9.2f |\n", cell.c_str(),
+  std::snprintf(line, sizeof line, "| %-52s | %10.0f | %7.1f | %5.1f%% | %8.1f | %9.2f | %9.2f |\n", cell.c_str(),
                 r->tokens_per_second, r->tflops, r->mfu_percent, r->step_ms, r->predicted_bytes / 1e9,
                 r->measured_bytes / 1e9);
   return line;
 }
 
 const char* kTableHeader =
-    "| configuration                                | tokens/s   | TFLOPS  | MFU    | step ms  | plan GB   | driver GB |\n"
-    "|----------------------------------------------|-----------:|--------:|-------:|---------:|----------:|----------:|\n";
+    "| configuration                                        | tokens/s   | TFLOPS  | MFU    | step ms  | plan GB   | driver GB |\n"
+    "|------------------------------------------------------|-----------:|--------:|-------:|---------:|----------:|----------:|\n";
 
 }  // namespace
 

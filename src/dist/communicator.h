@@ -29,6 +29,9 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   virtual std::string name() const = 0;  // "local threads", "nccl"
+  // Whether collectives may be issued while the backend's stream is being captured as a CUDA graph
+  // (they then replay with it). Host-synchronous implementations cannot.
+  virtual bool capturable() const { return false; }
 
   // Element-wise reduction over ranks, in place; every rank gets the same bits.
   virtual CollectiveHandle all_reduce(TensorView data, ReduceOp op) = 0;

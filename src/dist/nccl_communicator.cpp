@@ -107,6 +107,9 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
   std::string name() const override { return "nccl"; }
+  // NCCL kernels are captured on the communication stream, which joins the capture through the
+  // ready/done events; graph replays and eager collectives mix on one communicator (NCCL >= 2.11).
+  bool capturable() const override { return true; }
 
   std::unique_ptr<Communicator> split(int color) override {
     ncclComm_t group = nullptr;

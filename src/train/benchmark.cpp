@@ -18,6 +18,7 @@
 #include "train/metrics.h"
 #include "train/run_setup.h"
 #include "train/trace.h"
+#include "train/trainer_ranks.h"
 #ifdef SMELT_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #endif
@@ -62,7 +63,12 @@ std::string precision_name(const JobConfig& c) {
 
 BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, std::ostream& log) {
   using clock = std::chrono::steady_clock;
-  auto backend = make_backend(config.job.device);
+  // Sharded configs (and launches of several ranks) bench each rank's step with its collectives;
+  // the figures are per GPU, as torchtitan reports them.
+  const LaunchEnvironment environment = read_launch_environment();
+  auto backend = make_backend(config.job.device, environment.local_rank);
+  const RunRanks ranks = join_ranks(config, environment, *backend, nullptr);
+  if (ranks.world_size > 1) check_same_config(*ranks.communicator, config_to_json(config));
   RunSetup setup = prepare_run(config, backend.get(), /*need_tokenizer=*/false);
   StepPlan plan = build_step_plan(setup.model, setup.plan_options);
   const StepShape shape = setup.plan_options.shape;
@@ -76,12 +82,15 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   r.layers = setup.model.n_layers;
   r.label = setup.model.flavor + " x" + std::to_string(r.layers) + " " + r.precision + " " + r.policy + " b" +
             std::to_string(r.batch) + " s" + std::to_string(r.seq_len);
+  if (plan.data_parallel())
+    r.label += " " + std::string(plan.sharded() ? "fsdp" : "dp") + std::to_string(ranks.world_size) + " " +
+               ranks.communicator->name();
   r.predicted_bytes = plan.memory.arena_bytes;
   log << "bench: " << describe(setup.model) << "\n" << "plan: " << plan_summary_line(plan) << "\n" << std::flush;
 
   hold_to_memory_budget(setup, *backend, log);
   const size_t free_before = device_free_bytes(*backend);
-  Executor executor(plan, *backend);
+  Executor executor(plan, *backend, ranks.communicator);
   {
     std::vector<float> host(static_cast<size_t>(executor.layout().total()));
     initialize_parameters(executor.layout(), setup.model, static_cast<uint64_t>(config.training.seed), host.data());

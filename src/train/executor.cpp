@@ -209,7 +209,10 @@ void Executor::run_steps(bool updates, const OptimizerSettings& optimizer) {
 }
 
 void Executor::run_gradients(const OptimizerSettings& optimizer) {
-  const bool use_graph = graph_wanted_ && !graph_failed_ && !timing_ && !data_parallel();  // collectives stay eager
+  // Collectives join the capture when the communicator allows it (NCCL); host-synchronous ones
+  // (ranks as threads) keep the step eager.
+  const bool collectives_capturable = !data_parallel() || communicator_->capturable();
+  const bool use_graph = graph_wanted_ && !graph_failed_ && !timing_ && collectives_capturable;
   if (!use_graph || (!graph_captured_ && eager_runs_ < 1)) {
     ++eager_runs_;  // the first step runs eagerly: library caches and plans get built
     run_steps(false, optimizer);

@@ -15,6 +15,7 @@
 #include "train/hf_weights.h"
 #include "train/model_weights.h"
 #include "train/safetensors.h"
+#include "train/source_corpus.h"
 #include "train/trainer.h"
 
 namespace smelt {
@@ -27,15 +28,7 @@ struct Folder {
   Folder() {
     fs::remove_all(path);
     fs::create_directories(path / "data");
-    std::string text;
-    for (const char* sub : {"docs", "src/train"})
-      for (const auto& entry : fs::directory_iterator(fs::path(SMELT_SOURCE_DIR) / sub)) {
-        std::ifstream in(entry.path(), std::ios::binary);
-        std::stringstream s;
-        s << in.rdbuf();
-        text += s.str();
-      }
-    std::ofstream(path / "data" / "corpus.txt", std::ios::binary) << text;
+    testing_support::write_source_corpus(path / "data", {"docs", "src/train"});
   }
   ~Folder() { fs::remove_all(path); }
 };

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dist/sharded_fixture.h"
+#include "train/source_corpus.h"
 #include "train/trainer.h"
 
 namespace smelt {
@@ -23,15 +24,7 @@ struct Folder {
   fs::path path = fs::temp_directory_path() / ("smelt_sharded_trainer_" + std::to_string(::getpid()));
   Folder() {
     fs::create_directories(path / "data");
-    std::string text;
-    for (const char* sub : {"docs", "src/plan"})
-      for (const auto& entry : fs::directory_iterator(fs::path(SMELT_SOURCE_DIR) / sub)) {
-        std::ifstream in(entry.path(), std::ios::binary);
-        std::stringstream s;
-        s << in.rdbuf();
-        text += s.str();
-      }
-    std::ofstream(path / "data" / "corpus.txt", std::ios::binary) << text;
+    testing_support::write_source_corpus(path / "data", {"docs", "src/plan"});
   }
   ~Folder() { fs::remove_all(path); }
 };

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "train/lr_schedule.h"
+#include "train/source_corpus.h"
 #include "train/trainer.h"
 
 namespace smelt {
@@ -21,28 +22,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A corpus of real text: the project's own sources and documents (text files only, in name
-// order, so every checkout trains on the same bytes), concatenated.
 std::string write_corpus(const fs::path& folder) {
-  std::string text;
-  for (const char* sub : {"docs", "src/model", "src/plan", "src/core"}) {
-    std::vector<fs::path> files;
-    for (const auto& entry : fs::directory_iterator(fs::path(SMELT_SOURCE_DIR) / sub)) {
-      const std::string extension = entry.path().extension().string();
-      if (entry.is_regular_file() && (extension == ".md" || extension == ".h" || extension == ".cpp"))
-        files.push_back(entry.path());
-    }
-    std::sort(files.begin(), files.end());
-    for (const auto& path : files) {
-      std::ifstream in(path, std::ios::binary);
-      std::stringstream s;
-      s << in.rdbuf();
-      text += s.str() + "\n";
-    }
-  }
-  fs::create_directories(folder);
-  std::ofstream(folder / "corpus.txt", std::ios::binary) << text;
-  return text;
+  return testing_support::write_source_corpus(folder, {"docs", "src/model", "src/plan", "src/core"});
 }
 
 // Cross-entropy (nats) of the best context-free predictor: the bytes' own frequencies.
