@@ -36,10 +36,12 @@ trap stop_all INT TERM
 for ((local_rank = 0; local_rank < NGPU; ++local_rank)); do
   rank=$((NODE_RANK * NGPU + local_rank))
   log="$LOG_DIR/rank_${rank}.log"
-  # Every rank gets the same config and overrides; the shard degree is the world size.
+  # Every rank gets the same config and overrides. The shard degree defaults to -1: the ranks
+  # left after replication (all of them, or WORLD_SIZE / R with
+  # --parallelism.data_parallel_replicate_degree=R for HSDP); arguments given here come later and win.
   RANK=$rank WORLD_SIZE=$WORLD_SIZE LOCAL_RANK=$local_rank LOCAL_WORLD_SIZE=$NGPU \
     "$SMELT" train --config "$CONFIG_FILE" --job.device=cuda \
-    --parallelism.data_parallel_shard_degree="$WORLD_SIZE" "$@" >"$log" 2>&1 &
+    --parallelism.data_parallel_shard_degree=-1 "$@" >"$log" 2>&1 &
   pids+=($!)
   echo "rank $rank (GPU $local_rank): pid ${pids[-1]}, log $log"
 done

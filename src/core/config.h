@@ -80,7 +80,7 @@ struct Float8Section {
 };
 
 struct ParallelismSection {
-  int64_t data_parallel_shard_degree = 1;
+  int64_t data_parallel_shard_degree = -1;  // -1: the ranks left after replication
   int64_t data_parallel_replicate_degree = 1;
   std::string reduce_dtype = "float32";  // FSDP: gradients are reduce-scattered in float32 or bfloat16
   bool shard_single_rank = false;        // the FSDP schedule with one rank (measures its cost on one GPU)

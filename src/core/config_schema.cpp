@@ -226,8 +226,10 @@ std::vector<ConfigField> config_schema() {
            "one all-reduce of every weight's amax) instead of bf16; other recipes gather in bf16"),
 
       bind("parallelism", "data_parallel_shard_degree", &C::parallelism,
-           &ParallelismSection::data_parallel_shard_degree, "FSDP ranks the weights are sharded over",
-           at_least(1)),
+           &ParallelismSection::data_parallel_shard_degree,
+           "FSDP ranks the weights are sharded over; -1: the ranks left after replication (WORLD_SIZE / "
+           "data_parallel_replicate_degree; 1 outside a launch)",
+           ConfigRule{.minimum = 1.0, .sentinel = -1.0}),
       bind("parallelism", "data_parallel_replicate_degree", &C::parallelism,
            &ParallelismSection::data_parallel_replicate_degree,
            "data-parallel replicas: plain data parallel (shard degree 1) or HSDP (replicas of shard groups); "
@@ -313,7 +315,7 @@ std::string describe_config_rule(const ConfigRule& rule) {
     return "in " + std::string(rule.minimum_exclusive ? "(" : "[") + format_number(*rule.minimum) + ", " +
            format_number(*rule.maximum) + (rule.maximum_exclusive ? ")" : "]");
   }
-  if (!low.empty()) return low;
+  if (!low.empty()) return low + (rule.sentinel ? " or " + format_number(*rule.sentinel) : "");
   if (!high.empty()) return high;
   if (rule.nonempty) return "not empty";
   return "";
@@ -351,7 +353,8 @@ std::string check_config_rule(const ConfigField& field, const ConfigValue& value
         rule.minimum && (rule.minimum_exclusive ? *number <= *rule.minimum : *number < *rule.minimum);
     bool too_high =
         rule.maximum && (rule.maximum_exclusive ? *number >= *rule.maximum : *number > *rule.maximum);
-    if (too_low || too_high) return complaint(format_config_value(value));
+    if ((too_low || too_high) && !(rule.sentinel && *number == *rule.sentinel))
+      return complaint(format_config_value(value));
   }
   return "";
 }

@@ -25,6 +25,7 @@ struct ConfigRule {
   bool minimum_exclusive = false;
   std::optional<double> maximum = {};
   bool maximum_exclusive = false;
+  std::optional<double> sentinel = {};    // one number allowed outside the range (-1: "automatic")
   std::vector<std::string> choices = {};  // allowed text values; empty: any text
   bool nonempty = false;                  // text must not be empty
   // A text check beyond `choices`: true if the value is allowed; `pattern` says what is.

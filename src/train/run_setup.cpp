@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "dist/launch_environment.h"
 #include "plan/auto_policy.h"
 
 namespace smelt {
@@ -47,6 +48,19 @@ static double machine_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 64e9;
 }
 
+int64_t resolve_shard_degree(const ParallelismSection& parallelism, int64_t world_size) {
+  const int64_t shard = parallelism.data_parallel_shard_degree, replicas = parallelism.data_parallel_replicate_degree;
+  if (shard > 0) return shard;
+  if (shard != -1)
+    fail(ErrorKind::config, "parallelism.data_parallel_shard_degree = " + std::to_string(shard) +
+                                ": expected a positive rank count, or -1 for the ranks left after replication");
+  if (world_size % replicas != 0)
+    fail(ErrorKind::config, "parallelism.data_parallel_shard_degree = -1 shards over the ranks left after "
+                            "replication, but " + std::to_string(world_size) + " ranks do not divide into " +
+                            "data_parallel_replicate_degree = " + std::to_string(replicas) + " replicas");
+  return std::max<int64_t>(1, world_size / replicas);
+}
+
 RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_tokenizer, const PlanTarget& target) {
   validate_config(config);
   RunSetup setup;
@@ -74,7 +88,7 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   o.float8.filter_fqns = config.float8.filter_fqns;
   const WorkspaceShape ws = workspace_shape(setup.model, o);
   o.backend_workspace_bytes = backend ? backend->workspace_bytes(ws) : estimated_workspace_bytes(config.job.device, ws);
-  o.shard_degree = config.parallelism.data_parallel_shard_degree;
+  o.shard_degree = resolve_shard_degree(config.parallelism, read_launch_environment().world_size);
   o.reduce_dtype = parse_dtype(config.parallelism.reduce_dtype);
   o.shard_single_rank = config.parallelism.shard_single_rank;
   o.replicate_degree = config.parallelism.data_parallel_replicate_degree;

@@ -53,6 +53,12 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
 void hold_to_memory_budget(const RunSetup& setup, Backend& backend, std::ostream& log);
 
 WorkspaceShape workspace_shape(const ModelConfig& model, const PlanOptions& options);
+
+// parallelism.data_parallel_shard_degree as a rank count: a positive value as is; -1 (torchtitan's
+// default) the ranks left after replication, world_size / data_parallel_replicate_degree (world_size:
+// the launcher's WORLD_SIZE, 1 outside a launch). Other values: Error(ErrorKind::config).
+int64_t resolve_shard_degree(const ParallelismSection& parallelism, int64_t world_size);
+
 // Workspace estimate for a device without its backend at hand.
 size_t estimated_workspace_bytes(const std::string& device, const WorkspaceShape& shape);
 

@@ -248,6 +248,8 @@ TEST(Config, OutOfRangeValues) {
                     {"lr_scheduler.min_lr_factor", "bad.toml:2", "[0, 1]"});
   expect_file_error("[parallelism]\ndata_parallel_shard_degree = 0\n",
                     {"parallelism.data_parallel_shard_degree", "bad.toml:2"});
+  expect_file_error("[parallelism]\ndata_parallel_shard_degree = -2\n",
+                    {"parallelism.data_parallel_shard_degree", "bad.toml:2", ">= 1 or -1"});
   expect_file_error("[job]\nname = \"a/b\"\n", {"job.name", "bad.toml:2", "'/'"});
 }
 

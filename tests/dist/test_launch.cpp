@@ -12,6 +12,7 @@
 #include "dist/launch_environment.h"
 #include "dist/nccl_communicator.h"
 #include "dist/tcp_rendezvous.h"
+#include "train/run_setup.h"
 
 namespace smelt {
 namespace {
@@ -92,6 +93,26 @@ LaunchEnvironment local_rank(int rank, int world, int port, double timeout = 20)
   env.launcher = "torchrun";
   env.timeout_seconds = timeout;
   return env;
+}
+
+TEST(LaunchEnvironment, ShardDegreeMinusOneTakesTheRanksLeftAfterReplication) {
+  ParallelismSection p;
+  p.data_parallel_shard_degree = -1;
+  p.data_parallel_replicate_degree = 1;
+  EXPECT_EQ(resolve_shard_degree(p, 1), 1);  // alone: no sharding
+  EXPECT_EQ(resolve_shard_degree(p, 8), 8);  // every rank
+  p.data_parallel_replicate_degree = 2;
+  EXPECT_EQ(resolve_shard_degree(p, 8), 4);  // HSDP: 2 replicas of 4
+  try {
+    resolve_shard_degree(p, 6 + 1);
+    FAIL() << "7 ranks into 2 replicas should not resolve";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("data_parallel_replicate_degree = 2"), std::string::npos) << e.what();
+  }
+  p.data_parallel_shard_degree = 3;
+  EXPECT_EQ(resolve_shard_degree(p, 8), 3);  // explicit: as given (the executor checks it against the ranks)
+  p.data_parallel_shard_degree = 0;
+  EXPECT_THROW(resolve_shard_degree(p, 8), Error);
 }
 
 TEST(TcpRendezvous, EveryRankGetsEveryRanksBytesInRankOrder) {
