@@ -1,6 +1,7 @@
 // CPU AdamW over one flat range, as torch.optim.AdamW (decoupled weight decay,
 // bias correction), after gradient clipping as torch.nn.utils.clip_grad_norm_.
-// The clipped gradients are written back, so a later reader sees what was applied.
+// The clipped gradients are written back, so a later reader sees what was applied; the
+// optional bf16 compute copy is written for every element or for the runs that have one.
 #include <algorithm>
 #include <cmath>
 
@@ -9,19 +10,19 @@
 
 #include "cpu/kernels.h"
 #include "cpu/storage.h"
+#include "ops/op_checks.h"
 
 namespace smelt::cpu {
 namespace {
 
+// Elements [first, first + count); `copy` (null: none) receives element first + i at copy[i].
 // Value: double (tests) or float; the per-element arithmetic is done in double.
 template <typename Value>
-void update(const AdamwArgs& args, double clip) {
-  const int64_t count = args.params.numel();
-  Value* params = args.params.as<Value>();
-  Value* grads = args.grads.as<Value>();
-  Value* exp_avg = args.exp_avg.as<Value>();
-  Value* exp_avg_sq = args.exp_avg_sq.as<Value>();
-  uint16_t* copy = args.compute_copy.empty() ? nullptr : args.compute_copy.as<uint16_t>();
+void update(const AdamwArgs& args, double clip, int64_t first, int64_t count, uint16_t* copy) {
+  Value* params = args.params.as<Value>() + first;
+  Value* grads = args.grads.as<Value>() + first;
+  Value* exp_avg = args.exp_avg.as<Value>() + first;
+  Value* exp_avg_sq = args.exp_avg_sq.as<Value>() + first;
   const double lr = args.lr, beta1 = args.beta1, beta2 = args.beta2, eps = args.eps;
   const double decay = 1.0 - lr * double(args.weight_decay);
   const double bias_correction1 = 1.0 - std::pow(beta1, double(args.step));
@@ -64,9 +65,10 @@ void adamw(const AdamwArgs& args) {
     fail(ErrorKind::internal, "adamw: expected a 1-based step, found " + std::to_string(args.step) +
                                   "; count steps from 1");
   if (!args.compute_copy.empty()) {
+    expect_host(args.compute_copy, op, "compute_copy");
     expect_dtype(args.compute_copy, DType::bf16, op, "compute_copy");
-    expect_numel(args.compute_copy, count, op, "compute_copy");
   }
+  expect_copy_ranges(args.copy_ranges, count, args.compute_copy.empty() ? 0 : args.compute_copy.numel(), 4, op);
   double clip = 1.0;
   if (args.max_norm > 0) {
     expect_host(args.grad_sum_squares, op, "grad_sum_squares");
@@ -76,8 +78,14 @@ void adamw(const AdamwArgs& args) {
                                                    : double(*args.grad_sum_squares.as<float>());
     clip = std::min(1.0, double(args.max_norm) / (std::sqrt(sum_squares) + 1e-6));
   }
-  if (dtype == DType::f64) update<double>(args, clip);
-  else update<float>(args, clip);
+  uint16_t* copy = args.compute_copy.empty() ? nullptr : args.compute_copy.as<uint16_t>();
+  auto run = [&](int64_t first, int64_t run_count, uint16_t* run_copy) {
+    if (dtype == DType::f64) update<double>(args, clip, first, run_count, run_copy);
+    else update<float>(args, clip, first, run_count, run_copy);
+  };
+  if (args.copy_ranges.empty()) return run(0, count, copy);
+  for (const ComputeCopyRange& range : args.copy_ranges)
+    run(range.begin, range.count, range.copied() ? copy + range.copy_offset : nullptr);
 }
 
 }  // namespace smelt::cpu

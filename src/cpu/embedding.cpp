@@ -1,7 +1,9 @@
-// CPU token embedding: forward gathers table rows by token id; backward
-// scatter-adds output gradients into a zeroed f32 (f64 in tests) table gradient.
+// CPU token embedding: forward gathers table rows by token id (an f32 table into a bf16 output
+// rounds each element once); backward scatter-adds output gradients into a zeroed f32 (f64 in
+// tests) table gradient.
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "cpu/kernels.h"
 #include "cpu/storage.h"
@@ -23,15 +25,19 @@ void check_tokens(const TensorView& tokens, int64_t vocabulary, const char* op) 
                                  "; the data was tokenized with a larger vocabulary than the model's vocab_size");
 }
 
-template <typename Storage>
+// Table: the output's storage (copied as is), or float with a bf16 output (rounded).
+template <typename Table, typename Storage>
 void forward(const EmbeddingForwardArgs& args) {
   const int64_t tokens = args.tokens.numel(), dim = args.table.cols();
   const int32_t* ids = args.tokens.as<int32_t>();
-  const Storage* table = args.table.as<Storage>();
+  const Table* table = args.table.as<Table>();
   Storage* out = args.out.as<Storage>();
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t d = 0; d < dim; ++d) out[t * dim + d] = table[ids[t] * dim + d];
+    for (int64_t d = 0; d < dim; ++d) {
+      if constexpr (std::is_same_v<Table, Storage>) out[t * dim + d] = table[ids[t] * dim + d];
+      else store(out, t * dim + d, table[ids[t] * dim + d]);
+    }
 }
 
 template <typename Storage>
@@ -61,9 +67,10 @@ void embedding_forward(const EmbeddingForwardArgs& args) {
   const char* op = "embedding_forward";
   for (const TensorView* t : {&args.tokens, &args.table, &args.out}) expect_host(*t, op, "argument");
   expect_numel(args.out, args.tokens.numel() * args.table.cols(), op, "out");
-  expect_dtype(args.out, args.table.dtype, op, "out");
   check_tokens(args.tokens, args.table.rows(), op);
-  dispatch_activation(args.table.dtype, op, [&](auto storage) { forward<decltype(storage)>(args); });
+  if (args.table.dtype == DType::f32 && args.out.dtype == DType::bf16) return forward<float, uint16_t>(args);
+  expect_dtype(args.out, args.table.dtype, op, "out");
+  dispatch_activation(args.table.dtype, op, [&](auto storage) { forward<decltype(storage), decltype(storage)>(args); });
 }
 
 void embedding_backward(const EmbeddingBackwardArgs& args) {

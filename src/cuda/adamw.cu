@@ -1,9 +1,12 @@
 // AdamW on the GPU: one pass over a flat f32 range (PyTorch's torch.optim.AdamW), with the
-// gradient-clipping coefficient computed on the device from the gradients' sum of squares.
+// gradient-clipping coefficient computed on the device from the gradients' sum of squares, and
+// the bf16 compute copy written for every element or for the runs that have one.
+#include <algorithm>
 #include <cmath>
 
 #include "core/numerics.h"
 #include "cuda/cuda_common.cuh"
+#include "ops/op_checks.h"
 
 namespace smelt::cuda {
 namespace {
@@ -22,14 +25,42 @@ __device__ __forceinline__ void adamw_element(float& p, float& g, float& m, floa
   p = p * k.decay - k.step_size * m / denominator;
 }
 
-// Four elements per thread with 16-byte loads (the flat range is 256-byte aligned and a
-// multiple of 64 elements long); optionally writes the bf16 copy the GEMMs use.
+// The runs one launch covers, in quads (4 elements): run r is quads [first[r], first[r + 1]),
+// copied to copy quads from copy_first[r] on (-1: no copy). Kept under 4 KB with the other
+// kernel parameters; more runs take more launches.
+constexpr int kRunsPerLaunch = 192;
+
+struct CopyRuns {
+  int64_t first[kRunsPerLaunch + 1];
+  int64_t copy_first[kRunsPerLaunch];
+  int count;
+};
+
+// The run holding quad i (first[0] <= i < first[count]).
+__device__ __forceinline__ int find_run(const CopyRuns& runs, int64_t i) {
+  int low = 0, high = runs.count - 1;
+  while (low < high) {
+    const int middle = (low + high + 1) / 2;
+    if (runs.first[middle] <= i) low = middle;
+    else high = middle - 1;
+  }
+  return low;
+}
+
+// Four elements per thread with 16-byte loads (every run is 256-byte aligned and a multiple of
+// 64 elements long); writes the bf16 copy the GEMMs use for the runs that have one. A thread's
+// quads only grow, so its run is found once and then followed forward.
 __global__ void adamw_update(float4* params, float4* grads, float4* exp_avg, float4* exp_avg_sq, uint2* copy,
-                             const float* grad_sum_squares, int64_t quads, AdamwConstants k) {
+                             const float* grad_sum_squares, const __grid_constant__ CopyRuns runs, AdamwConstants k) {
   float clip = 1.0f;
   if (k.max_norm > 0) clip = fminf(1.0f, k.max_norm / (sqrtf(grad_sum_squares[0]) + 1e-6f));
   const bool clipping = clip < 1.0f;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < quads; i += int64_t(gridDim.x) * blockDim.x) {
+  const int64_t end = runs.first[runs.count];
+  int run = -1;
+  for (int64_t i = runs.first[0] + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < end;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    if (run < 0) run = find_run(runs, i);
+    while (i >= runs.first[run + 1]) ++run;
     float4 p = params[i], g = grads[i], m = exp_avg[i], v = exp_avg_sq[i];
     adamw_element(p.x, g.x, m.x, v.x, clip, k);
     adamw_element(p.y, g.y, m.y, v.y, clip, k);
@@ -39,11 +70,11 @@ __global__ void adamw_update(float4* params, float4* grads, float4* exp_avg, flo
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
     if (clipping) grads[i] = g;
-    if (copy) {
+    if (copy && runs.copy_first[run] >= 0) {
       uint2 packed;
       packed.x = uint32_t(float_to_bf16(p.x)) | (uint32_t(float_to_bf16(p.y)) << 16);
       packed.y = uint32_t(float_to_bf16(p.z)) | (uint32_t(float_to_bf16(p.w)) << 16);
-      copy[i] = packed;
+      copy[runs.copy_first[run] + (i - runs.first[run])] = packed;
     }
   }
 }
@@ -69,11 +100,11 @@ void adamw(CudaContext& context, const AdamwArgs& args) {
   if (!args.compute_copy.empty()) {
     expect_device(args.compute_copy, op, "compute_copy");
     expect_dtype(args.compute_copy, DType::bf16, op, "compute_copy");
-    expect_numel(args.compute_copy, count, op, "compute_copy");
   }
   if (count % 4 != 0)
     fail(ErrorKind::internal, "cuda adamw: the flat range must be a multiple of 4 elements, found " +
                                   std::to_string(count) + "; parameters are laid out in 64-element steps");
+  expect_copy_ranges(args.copy_ranges, count, args.compute_copy.empty() ? 0 : args.compute_copy.numel(), 4, "cuda adamw");
   AdamwConstants k;
   const double lr = args.lr;
   k.beta1 = args.beta1;
@@ -86,13 +117,28 @@ void adamw(CudaContext& context, const AdamwArgs& args) {
   k.bias_correction2_sqrt = float(std::sqrt(bias_correction2));
   k.max_norm = args.max_norm;
   if (count == 0) return;
-  const int64_t quads = count / 4;
-  adamw_update<<<grid_for(quads, 256, context.multiprocessors), 256, 0, context.stream>>>(
-      reinterpret_cast<float4*>(args.params.data), reinterpret_cast<float4*>(args.grads.data),
-      reinterpret_cast<float4*>(args.exp_avg.data), reinterpret_cast<float4*>(args.exp_avg_sq.data),
-      args.compute_copy.empty() ? nullptr : reinterpret_cast<uint2*>(args.compute_copy.data),
-      args.max_norm > 0 ? args.grad_sum_squares.as<float>() : nullptr, quads, k);
-  SMELT_CUDA_LAUNCH_CHECK("adamw_update");
+  // The runs, in quads: the caller's, or one over everything (copied when there is a copy).
+  const ComputeCopyRange whole{0, count, args.compute_copy.empty() ? -1 : 0};
+  const std::span<const ComputeCopyRange> ranges =
+      args.copy_ranges.empty() ? std::span<const ComputeCopyRange>(&whole, 1) : args.copy_ranges;
+  for (size_t start = 0; start < ranges.size(); start += kRunsPerLaunch) {
+    CopyRuns runs{};
+    runs.count = static_cast<int>(std::min<size_t>(kRunsPerLaunch, ranges.size() - start));
+    for (int r = 0; r < runs.count; ++r) {
+      const ComputeCopyRange& range = ranges[start + static_cast<size_t>(r)];
+      runs.first[r] = range.begin / 4;
+      runs.copy_first[r] = range.copied() ? range.copy_offset / 4 : -1;
+      runs.first[r + 1] = (range.begin + range.count) / 4;
+    }
+    const int64_t quads = runs.first[runs.count] - runs.first[0];
+    if (quads == 0) continue;
+    adamw_update<<<grid_for(quads, 256, context.multiprocessors), 256, 0, context.stream>>>(
+        reinterpret_cast<float4*>(args.params.data), reinterpret_cast<float4*>(args.grads.data),
+        reinterpret_cast<float4*>(args.exp_avg.data), reinterpret_cast<float4*>(args.exp_avg_sq.data),
+        args.compute_copy.empty() ? nullptr : reinterpret_cast<uint2*>(args.compute_copy.data),
+        args.max_norm > 0 ? args.grad_sum_squares.as<float>() : nullptr, runs, k);
+    SMELT_CUDA_LAUNCH_CHECK("adamw_update");
+  }
 }
 
 }  // namespace smelt::cuda

@@ -5,6 +5,7 @@
 // weight gradients, norms, statistics and losses are always f32 (f64 in tests).
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "core/tensor.h"
 
@@ -31,9 +32,11 @@ struct GemmArgs {
   bool fast_accumulation = false;
 };
 
+// out[n] = table[tokens[n]]. The table is in out's dtype, or f32 with a bf16 out (the master
+// rows, each element rounded once to bf16: the same bits as gathering a bf16 copy of the table).
 struct EmbeddingForwardArgs {
   TensorView tokens;  // (N) i32
-  TensorView table;   // (V, D)
+  TensorView table;   // (V, D) out's dtype, or f32 when out is bf16
   TensorView out;     // (N, D)
 };
 
@@ -125,12 +128,25 @@ struct MeanArgs {
   TensorView out;  // (1) f32
 };
 
+// One run of a flat parameter range: elements [begin, begin + count), whose compute-dtype copy
+// starts at element `copy_offset` of the copy buffer, or that have none (copy_offset -1).
+struct ComputeCopyRange {
+  int64_t begin = 0, count = 0, copy_offset = -1;
+  bool copied() const { return copy_offset >= 0; }
+};
+
 // AdamW over one flat range (PyTorch semantics: decoupled decay, bias correction),
 // gradients scaled by min(1, max_norm / (sqrt(sum_squares) + 1e-6)) when max_norm > 0.
 struct AdamwArgs {
   TensorView params, grads, exp_avg, exp_avg_sq;  // (n) f32
   TensorView grad_sum_squares;  // (1) f32: from SumSquares over all gradients
-  TensorView compute_copy;      // optional (n) bf16: receives the updated parameters, rounded (the GEMMs' weights)
+  // Optional bf16: receives the updated parameters, rounded (the GEMMs' weights). Without
+  // copy_ranges it is (n), one copy of every element.
+  TensorView compute_copy;
+  // Optional, with compute_copy: [0, n) as consecutive runs in order (each begin, count and
+  // copy_offset a multiple of 4), each copied into compute_copy at its copy_offset or not at all.
+  // Every element gets the same update either way (the clip factor comes from grad_sum_squares).
+  std::span<const ComputeCopyRange> copy_ranges;
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
   float max_norm = 0;
   int64_t step = 1;  // 1-based

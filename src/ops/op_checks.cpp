@@ -30,4 +30,38 @@ void expect_device(const TensorView& view, Device device, const char* op, const 
     fail(ErrorKind::internal, std::string(op) + ": " + argument + " " + view.str() + " is on the wrong device for this backend");
 }
 
+void expect_copy_ranges(std::span<const ComputeCopyRange> ranges, int64_t count, int64_t copy_count, int64_t alignment,
+                        const char* op) {
+  if (ranges.empty()) {
+    if (copy_count > 0 && copy_count != count)
+      fail(ErrorKind::internal, std::string(op) + ": expected a compute copy of " + std::to_string(count) +
+                                    " elements (no copy_ranges: every element is copied), found " +
+                                    std::to_string(copy_count) + "; pass the copy's runs in copy_ranges");
+    return;
+  }
+  if (copy_count == 0)
+    fail(ErrorKind::internal, std::string(op) + ": copy_ranges given without a compute_copy to write; pass both or neither");
+  int64_t next = 0;
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    const ComputeCopyRange& range = ranges[r];
+    const std::string where = std::string(op) + ": copy_ranges[" + std::to_string(r) + "] {begin " +
+                              std::to_string(range.begin) + ", count " + std::to_string(range.count) + ", copy_offset " +
+                              std::to_string(range.copy_offset) + "}";
+    if (range.begin != next || range.count < 0)
+      fail(ErrorKind::internal, where + ": expected consecutive runs, this one beginning at " + std::to_string(next) +
+                                    "; build them in order over the flat range");
+    if (range.begin % alignment != 0 || range.count % alignment != 0 ||
+        (range.copied() && range.copy_offset % alignment != 0))
+      fail(ErrorKind::internal, where + ": expected multiples of " + std::to_string(alignment) +
+                                    " elements; parameters are laid out in 64-element steps");
+    if (range.copied() && range.copy_offset + range.count > copy_count)
+      fail(ErrorKind::internal, where + ": reaches past the compute copy of " + std::to_string(copy_count) +
+                                    " elements; size the copy from the same runs");
+    next = range.begin + range.count;
+  }
+  if (next != count)
+    fail(ErrorKind::internal, std::string(op) + ": copy_ranges cover [0, " + std::to_string(next) + "), expected [0, " +
+                                  std::to_string(count) + "); the runs must cover every parameter");
+}
+
 }  // namespace smelt

@@ -2,9 +2,11 @@
 // dtype is a bug in the caller, reported with both shapes before memory is touched.
 #pragma once
 #include <initializer_list>
+#include <span>
 #include <string>
 
 #include "core/tensor.h"
+#include "ops/op_args.h"
 
 namespace smelt {
 
@@ -12,5 +14,11 @@ void expect_dtype(const TensorView& view, std::initializer_list<DType> allowed, 
 void expect_same_shape(const TensorView& a, const TensorView& b, const char* op, const char* a_name, const char* b_name);
 void expect_elements(const TensorView& view, int64_t count, const char* op, const char* argument);
 void expect_device(const TensorView& view, Device device, const char* op, const char* argument);
+
+// AdamW's copy runs (AdamwArgs::copy_ranges): consecutive, in order, covering [0, count), each
+// copied run inside a copy of `copy_count` elements, and every begin, count and copy_offset a
+// multiple of `alignment` elements. An empty span is one run, copied at 0 when copy_count > 0.
+void expect_copy_ranges(std::span<const ComputeCopyRange> ranges, int64_t count, int64_t copy_count, int64_t alignment,
+                        const char* op);
 
 }  // namespace smelt

@@ -183,6 +183,23 @@ double weight_elements(LayerWeight w, const ModelConfig& m) {
   return static_cast<double>(spec.dims[0]) * static_cast<double>(spec.dims[1]);
 }
 
+// The linears that run in float8 (the cast_weights step quantises them): how many, and their elements.
+struct Float8Weights {
+  double linears = 0, elements = 0;
+};
+Float8Weights float8_weights(const ModelConfig& m, const PlanOptions& o) {
+  Float8Weights total;
+  if (o.float8.recipe == Float8Recipe::none) return total;
+  for (int64_t layer = 0; layer < m.n_layers; ++layer)
+    for (int w = 0; w < kLayerWeightCount; ++w) {
+      const auto weight = static_cast<LayerWeight>(w);
+      if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm) continue;
+      if (float8_linear_enabled(o.float8, "layers." + std::to_string(layer) + "." + std::string(layer_weight_name(weight))))
+        total.linears += 1, total.elements += weight_elements(weight, m);
+    }
+  return total;
+}
+
 }  // namespace
 
 double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const PlanOptions& o) const {
@@ -260,11 +277,24 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
       bytes = tokens * vocabulary * (4 + 4 + width + width) + 3 * stream +
               chunks * 3 * vocabulary * static_cast<double>(m.dim) * width;
       launches = chunks * 4;
+      const bool sharded = o.shard_degree > 1 || o.shard_single_rank;
+      if (!sharded && o.compute_dtype != master_dtype(o.compute_dtype))  // unsharded: its compute copy, cast first
+        bytes += vocabulary * static_cast<double>(m.dim) * (4 + width), launches += 1;
       break;
     }
     case StepKind::gradient_norm: bytes = 4 * local_parameters(); break;
-    case StepKind::optimizer: bytes = 28 * local_parameters(), launches = 2; break;  // read p g m v, write p m v
-    case StepKind::cast_weights: bytes = (4 + width) * local_parameters(); break;
+    case StepKind::optimizer: {  // read p g m v, write p m v, and the compute copy where there is one
+      const bool copy = o.compute_dtype != master_dtype(o.compute_dtype);
+      const std::vector<ComputeCopyRange> runs = copy ? compute_copy_ranges(m, o) : std::vector<ComputeCopyRange>{};
+      const double copied = !copy ? 0 : runs.empty() ? local_parameters() : static_cast<double>(compute_copy_elements(runs));
+      bytes = 28 * local_parameters() + width * copied, launches = 2;
+      break;
+    }
+    case StepKind::cast_weights: {  // unsharded float8 linears from the fp32 master: an amax pass and a
+      const Float8Weights f = float8_weights(m, o);  // cast pass read it, the cast writes W and W^T (e4m3)
+      bytes = (4 + 4 + 2) * f.elements, launches = 2 * f.linears;
+      break;
+    }
     case StepKind::loss_reduce: bytes = tokens * 4; break;
     case StepKind::float8_shard_amax: bytes = 2 * local_parameters(); break;  // the weight shards, read once (upper bound)
     case StepKind::float8_shard_cast: bytes = 3 * local_parameters(); break;  // read, write e4m3

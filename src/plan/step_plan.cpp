@@ -54,6 +54,57 @@ int64_t StepPlan::local_parameter_count() const {
   return sharded() ? ShardLayout(layout, options.shard_degree).local_total() : layout.total();  // replicas: the whole model
 }
 
+int64_t StepPlan::compute_copy_offset(const ParameterInfo& info) const {
+  if (compute_weights < 0) return -1;
+  if (compute_copy_ranges.empty()) return info.offset;  // a copy of every element
+  // The run holding the parameter's first element (runs are sorted by begin).
+  auto run = std::upper_bound(compute_copy_ranges.begin(), compute_copy_ranges.end(), info.offset,
+                              [](int64_t offset, const ComputeCopyRange& r) { return offset < r.begin; });
+  SMELT_CHECK(run != compute_copy_ranges.begin(), "compute_copy_offset: parameter " + info.name + " before the first run");
+  --run;
+  SMELT_CHECK(info.offset + info.numel() <= run->begin + run->count,
+              "compute_copy_offset: parameter " + info.name + " spans two copy runs");
+  return run->copied() ? run->copy_offset + (info.offset - run->begin) : -1;
+}
+
+std::vector<ComputeCopyRange> compute_copy_ranges(const ModelConfig& model, const PlanOptions& options) {
+  const bool sharded = options.shard_degree > 1 || options.shard_single_rank;
+  if (sharded || options.compute_dtype == master_dtype(options.compute_dtype)) return {};
+  const ParameterLayout layout(model);
+  const auto& parameters = layout.parameters();
+  const bool float8 = options.float8.recipe != Float8Recipe::none;
+  auto copied = [&](int64_t layer, LayerWeight weight) {
+    if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm || !float8) return true;
+    return !float8_linear_enabled(options.float8, "layers." + std::to_string(layer) + "." +
+                                                      std::string(layer_weight_name(weight)));
+  };
+  std::vector<ComputeCopyRange> ranges;
+  int64_t copy_total = 0;
+  for (size_t index = 0; index < parameters.size(); ++index) {
+    // The embedding (index 0) and the output projection (last) have none; the final norm keeps its.
+    bool keep = index != 0 && index + 1 != parameters.size();
+    const int64_t block_index = static_cast<int64_t>(index) - 1;
+    if (index != 0 && block_index < model.n_layers * kLayerWeightCount)
+      keep = copied(block_index / kLayerWeightCount, static_cast<LayerWeight>(block_index % kLayerWeightCount));
+    const int64_t begin = parameters[index].offset;
+    const int64_t end = index + 1 < parameters.size() ? parameters[index + 1].offset : layout.total();
+    if (!ranges.empty() && ranges.back().copied() == keep) {
+      ranges.back().count = end - ranges.back().begin;
+    } else {
+      ranges.push_back({begin, end - begin, keep ? copy_total : -1});
+    }
+    if (keep) copy_total += end - begin;
+  }
+  return ranges;
+}
+
+int64_t compute_copy_elements(const std::vector<ComputeCopyRange>& ranges) {
+  int64_t total = 0;
+  for (const auto& r : ranges)
+    if (r.copied()) total += r.count;
+  return total;
+}
+
 int64_t largest_gather_unit(const ModelConfig& model) {
   return std::max({model.layer_parameters(), model.embedding_parameters(), model.vocab_size * model.dim + model.dim});
 }
@@ -396,9 +447,15 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   plan.gradients = b.buffer("gradients", master, flat, BufferClass::gradients, true);
   plan.exp_avg = b.buffer("AdamW exp_avg", master, flat, BufferClass::optimizer_state, true);
   plan.exp_avg_sq = b.buffer("AdamW exp_avg_sq", master, flat, BufferClass::optimizer_state, true);
-  if (compute != master)
-    plan.compute_weights = b.buffer(std::string("weights (") + std::string(dtype_name(compute)) + " copy)", compute, flat,
+  if (compute != master) {
+    // Unsharded: only the weights compute-dtype GEMMs and ops read (compute_copy_ranges).
+    plan.compute_copy_ranges = compute_copy_ranges(model, options);
+    const std::string what = plan.compute_copy_ranges.empty() ? " copy)" : " copy of what its GEMMs and norms read)";
+    plan.compute_weights = b.buffer(std::string("weights (") + std::string(dtype_name(compute)) + what, compute,
+                                    plan.compute_copy_ranges.empty() ? flat
+                                                                     : Shape{compute_copy_elements(plan.compute_copy_ranges)},
                                     BufferClass::compute_weights, true);
+  }
   shard.add_buffers(compute, master);
   plan.tokens = b.buffer("input tokens", DType::i32, Shape{tokens}, BufferClass::data, true);
   plan.targets = b.buffer("target tokens", DType::i32, Shape{tokens}, BufferClass::data, true);
@@ -475,6 +532,9 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
                                            : b.buffer("grad.output.logits (chunk)", compute,
                                                       Shape{chunk, model.vocab_size}, BufferClass::loss);
   plan.losses = b.buffer("per-token losses", statistics, Shape{tokens}, BufferClass::loss);
+  if (!plan.compute_copy_ranges.empty())  // cast from the master by the output head, live only there
+    plan.output_weight = b.buffer("output.weight (" + std::string(dtype_name(compute)) + ", cast for the output head)",
+                                  compute, Shape{model.vocab_size, model.dim}, BufferClass::compute_weights);
 
   // Forward.
   shard.emit_float8_cast();
@@ -499,7 +559,8 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   b.emit(shard.tag({StepKind::final_norm_forward}, shard.head_use(), false),
          {plan.residual[layers], plan.final_norm_out, plan.final_rstd});
   b.emit(shard.tag({StepKind::output_head, -1, 0, head_flops}, shard.head_use(), true),
-         {plan.final_norm_out, plan.targets, plan.logits, plan.grad_logits, plan.losses, plan.final_norm_out_grad});
+         {plan.final_norm_out, plan.targets, plan.logits, plan.grad_logits, plan.losses, plan.final_norm_out_grad,
+          plan.output_weight});
   b.emit(shard.tag({StepKind::final_norm_backward}, shard.head_use(), true),
          {plan.residual[layers], plan.final_rstd, plan.final_norm_out_grad, plan.residual_gradient});
   shard.reduce_scatter(shard.head_unit());
@@ -538,9 +599,9 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   shard.all_reduce(StepKind::all_reduce_gradient_norm, plan.grad_sum_squares);
   // The optimizer also writes the compute copy of the weights (the cast is fused into it).
   b.emit({StepKind::optimizer}, {plan.parameters, plan.gradients, plan.exp_avg, plan.exp_avg_sq, plan.compute_weights});
-  if (plan.float8_weights >= 0)  // the float8 weight copies of the next step, from the updated weights
-    b.emit({StepKind::cast_weights}, {plan.compute_weights >= 0 ? plan.compute_weights : plan.parameters,
-                                      plan.float8_weights, plan.float8_weight_scales, plan.float8_statistics});
+  if (plan.float8_weights >= 0)  // the float8 weight copies of the next step, from the updated master weights
+    b.emit({StepKind::cast_weights}, {plan.parameters, plan.float8_weights, plan.float8_weight_scales,
+                                      plan.float8_statistics});
   b.emit({StepKind::loss_reduce}, {plan.losses, plan.loss});
   shard.all_reduce(StepKind::all_reduce_loss, plan.loss);
   b.finish();

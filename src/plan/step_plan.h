@@ -18,15 +18,16 @@ enum class StepKind : uint8_t {
   embedding_forward,
   layer_forward,
   final_norm_forward,
-  output_head,          // output projection + cross-entropy, forward and backward, chunked
+  output_head,          // output projection + cross-entropy, forward and backward, chunked (unsharded
+                        // bf16 plans: the projection's bf16 copy cast from the master first)
   final_norm_backward,
   layer_recompute,
   layer_backward,
   embedding_backward,
   gradient_norm,        // sum of squares of all gradients
   optimizer,            // clip + AdamW over the flat parameter range
-  cast_weights,         // compute copies -> float8 weight copies, after the optimizer (the fp32 ->
-                        // compute-dtype cast itself is fused into the optimizer step)
+  cast_weights,         // fp32 master weights -> float8 weight copies, after the optimizer (the fp32 ->
+                        // compute-dtype cast of the other weights is fused into the optimizer step)
   loss_reduce,          // mean of per-token losses
   // Data-parallel plans only (shard_degree > 1 or replicate_degree > 1); `unit` names the
   // ShardLayout unit.
@@ -113,6 +114,12 @@ struct StepPlan {
   std::vector<int> residual;  // n_layers + 1 residual-stream buffers
   // Buffers outside the blocks.
   int parameters = -1, gradients = -1, exp_avg = -1, exp_avg_sq = -1, compute_weights = -1;
+  // Unsharded plans with a compute copy: which runs of the flat parameters have one, and where in
+  // compute_weights (see compute_copy_ranges); AdamW writes the copy over these runs.
+  std::vector<ComputeCopyRange> compute_copy_ranges;
+  // Unsharded plans with a compute copy: the output projection in the compute dtype, cast from the
+  // master by the output-head step and live only during it (-1 otherwise: read from compute_weights).
+  int output_weight = -1;
   int tokens = -1, targets = -1, rope_frequencies = -1, workspace = -1;
   int final_norm_out = -1, final_rstd = -1, final_norm_out_grad = -1, residual_gradient = -1;
   int logits = -1, grad_logits = -1, losses = -1, loss = -1, grad_sum_squares = -1;
@@ -148,12 +155,28 @@ struct StepPlan {
   double recompute_flops() const;
   size_t bytes_of(BufferClass kind) const;  // sum of buffer sizes of a class (not packed)
   int64_t local_parameter_count() const;    // this rank's shard of the flat parameters
+  // Unsharded plans: where parameter `info`'s compute-dtype copy starts in compute_weights
+  // (elements), or -1 when it has none (no compute copy, the embedding, float8 linears, the output
+  // projection): its readers take the master weights (the output head: output_weight).
+  int64_t compute_copy_offset(const ParameterInfo& info) const;
   bool sharded() const { return options.shard_degree > 1 || options.shard_single_rank; }
   bool replicated() const { return options.replicate_degree > 1; }
   bool data_parallel() const { return sharded() || replicated(); }
   int64_t world_size() const { return options.shard_degree * options.replicate_degree; }
   bool float8_gathered() const { return float8_shards >= 0; }
 };
+
+// The persistent compute-dtype copy of an unsharded plan (compute dtype other than the master's)
+// holds only what a compute-dtype GEMM or op reads across the step: the norms and the linears that
+// run in the compute dtype. The embedding (its forward rounds the master rows it gathers), the
+// float8 linears (quantised from the master) and the output projection (cast from the master into
+// StepPlan::output_weight by the output-head step, which alone reads it) have none. Returns the runs of the
+// flat parameter range [0, ParameterLayout::total()) with and without a copy, in order, each
+// copied run packed after the previous one (64-element aligned, like the flat layout); empty when
+// the plan has no compute copy, or is sharded (its copy covers every element of the shard).
+std::vector<ComputeCopyRange> compute_copy_ranges(const ModelConfig& model, const PlanOptions& options);
+// Elements of the compute copy the runs describe (0 for no runs).
+int64_t compute_copy_elements(const std::vector<ComputeCopyRange>& ranges);
 
 // Parameters of the largest unit FSDP gathers at once: one block, the embedding or the output head.
 int64_t largest_gather_unit(const ModelConfig& model);

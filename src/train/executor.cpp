@@ -31,7 +31,26 @@ TensorView Executor::view(int buffer) const {
 
 TensorView Executor::weight_view(const ParameterInfo& info, const Step& step) const {
   if (sharded()) return unit_view(step.gathered_weights, info, step);
-  return ParameterLayout::slice(view(plan_.compute_weights >= 0 ? plan_.compute_weights : plan_.parameters), info);
+  // The compute copy where the parameter has one; the master weights otherwise (no copy, the
+  // embedding, float8 linears: their readers round or quantise the master values themselves).
+  const int64_t copy_offset = plan_.compute_copy_offset(info);
+  if (copy_offset < 0) return ParameterLayout::slice(view(plan_.parameters), info);
+  ParameterInfo in_copy = info;
+  in_copy.offset = copy_offset;
+  return ParameterLayout::slice(view(plan_.compute_weights), in_copy);
+}
+
+void Executor::fill_compute_copy() {
+  if (plan_.compute_weights < 0) return;
+  const TensorView parameters = view(plan_.parameters), copy = view(plan_.compute_weights);
+  if (plan_.compute_copy_ranges.empty()) return backend_.convert({parameters, copy});
+  auto span = [](const TensorView& flat, int64_t offset, int64_t count) {
+    return TensorView(static_cast<char*>(flat.data) + static_cast<size_t>(offset) * dtype_size(flat.dtype), flat.dtype,
+                      Shape{count}, flat.device);
+  };
+  for (const ComputeCopyRange& range : plan_.compute_copy_ranges)
+    if (range.copied())
+      backend_.convert({span(parameters, range.begin, range.count), span(copy, range.copy_offset, range.count)});
 }
 
 TensorView Executor::grad_view(const ParameterInfo& info, const Step& step) const {
@@ -52,7 +71,7 @@ void Executor::load_parameters(const float* host) {
   } else {
     backend_.copy_to_device(parameters, host);
   }
-  if (plan_.compute_weights >= 0) backend_.convert({view(plan_.parameters), view(plan_.compute_weights)});
+  fill_compute_copy();
   quantize_float8_weights();
 }
 
@@ -111,7 +130,7 @@ HeadViews Executor::head_views(const Step& step) const {
   v.final_norm_grad = grad_view(layout_.final_norm(), step);
   v.final_norm_out = view(plan_.final_norm_out);
   v.final_rstd = view(plan_.final_rstd);
-  v.output_weight = weight_view(layout_.output(), step);
+  v.output_weight = plan_.output_weight >= 0 ? view(plan_.output_weight) : weight_view(layout_.output(), step);
   v.output_grad = grad_view(layout_.output(), step);
   v.logits = view(plan_.logits);
   v.grad_logits = view(plan_.grad_logits);
@@ -129,7 +148,11 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
     case StepKind::layer_forward:
     case StepKind::layer_recompute: run_forward_op(static_cast<ForwardOp>(step.op), layer_views(step), context_); return;
     case StepKind::final_norm_forward: final_norm_forward(head_views(step), context_); return;
-    case StepKind::output_head: output_head(head_views(step), context_); return;
+    case StepKind::output_head:
+      if (plan_.output_weight >= 0)  // the output projection's bf16 copy, for this step only
+        backend_.convert({ParameterLayout::slice(view(plan_.parameters), layout_.output()), view(plan_.output_weight)});
+      output_head(head_views(step), context_);
+      return;
     case StepKind::final_norm_backward: final_norm_backward(head_views(step), context_); return;
     case StepKind::layer_backward: run_backward_op(static_cast<BackwardOp>(step.op), layer_views(step), context_); return;
     case StepKind::embedding_backward: embedding_backward(head_views(step), context_); return;
@@ -148,7 +171,10 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
       a.weight_decay = optimizer.weight_decay;
       a.max_norm = optimizer.max_norm;
       a.step = optimizer.step;
-      if (plan_.compute_weights >= 0) a.compute_copy = view(plan_.compute_weights);  // the cast, fused
+      if (plan_.compute_weights >= 0) {  // the cast, fused (unsharded: over the runs that have a copy)
+        a.compute_copy = view(plan_.compute_weights);
+        a.copy_ranges = plan_.compute_copy_ranges;
+      }
       backend_.adamw(a);
       return;
     }

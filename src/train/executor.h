@@ -89,14 +89,18 @@ class Executor {
   void run_steps(bool updates, const OptimizerSettings& optimizer);
   LayerViews layer_views(const Step& step) const;
   HeadViews head_views(const Step& step) const;
-  // Where `step` reads parameter `info` (compute dtype) and writes its gradient: the flat
-  // buffers, or in a sharded plan the step's unit buffers (empty when not in the step's unit).
+  // Where `step` reads parameter `info` and writes its gradient: the flat buffers (the weight from
+  // the compute copy, or from the master when the parameter has no copy: see
+  // StepPlan::compute_copy_offset), or in a sharded plan the step's unit buffers (empty when not
+  // in the step's unit).
   TensorView weight_view(const ParameterInfo& info, const Step& step) const;
   TensorView grad_view(const ParameterInfo& info, const Step& step) const;
   TensorView unit_view(int buffer, const ParameterInfo& info, const Step& step) const;
+  // Unsharded: the compute copy (compute_weights) from the master weights, over the runs that have one.
+  void fill_compute_copy();
 
   // Float8 (executor_float8.cpp): the scratch in the model context, each float8 linear's weight
-  // copies and saved amax, and the cast of the weight copies from the compute weights.
+  // copies and saved amax, and the cast of the weight copies from the master weights.
   void setup_float8();
   std::array<Float8LinearState, kLayerWeightCount> float8_states(int layer) const;
   void quantize_float8_weights();

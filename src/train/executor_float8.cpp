@@ -1,6 +1,7 @@
 // Executor, float8 part: binds the planned float8 buffers (scratch, weight copies, saved input
-// amax) to the model context and layer views, and quantises the weight copies once per step;
-// with the float8 all-gather, casts this rank's shards and uses the gathered e4m3 weights.
+// amax) to the model context and layer views, and quantises the weight copies once per step from
+// the fp32 master weights; with the float8 all-gather, casts this rank's shards and uses the
+// gathered e4m3 weights.
 #include <algorithm>
 
 #include "train/executor.h"
@@ -41,15 +42,17 @@ std::array<Float8LinearState, kLayerWeightCount> Executor::float8_states(int lay
   return states;
 }
 
+// Unsharded plans: every float8 linear's W and W^T from its fp32 master weight (float8 linears
+// have no compute-dtype copy; quantising the master rounds once, to e4m3).
 void Executor::quantize_float8_weights() {
   if (plan_.float8_weights < 0) return;
   const Float8Scratch& scratch = context_.float8_scratch;
+  const TensorView master = view(plan_.parameters);
   for (int layer = 0; layer < static_cast<int>(plan_.model.n_layers); ++layer) {
     const auto states = float8_states(layer);
-    Step step{StepKind::cast_weights, layer};
     for (int w = 0; w < kLayerWeightCount; ++w) {
       if (states[static_cast<size_t>(w)].weight.empty()) continue;
-      const TensorView weight = weight_view(layout_.layer(layer, static_cast<LayerWeight>(w)), step);
+      const TensorView weight = ParameterLayout::slice(master, layout_.layer(layer, static_cast<LayerWeight>(w)));
       quantize_weight(backend_, plan_.options.float8.recipe, weight, states[static_cast<size_t>(w)].weight,
                       scratch.activation.amax, scratch.activation_transposed.amax);
     }

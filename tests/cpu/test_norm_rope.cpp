@@ -211,5 +211,34 @@ TEST(Embedding, ForwardGathersAndBackwardMatchesFiniteDifferences) {
                Error);
 }
 
+// The bf16 forward of an unsharded plan reads the f32 master table: each element rounded once,
+// the bits a bf16 copy of the table (what the optimizer used to keep) would give.
+TEST(Embedding, ForwardFromAnF32TableEqualsGatheringItsBf16Copy) {
+  BackendFixture backend;
+  const int64_t vocabulary = 37, dim = 24, tokens = 53;
+  std::vector<int32_t> ids = random_ids(tokens, 41, 0, int32_t(vocabulary - 1));
+  const auto table_values = random_values(vocabulary * dim, 42, -3.0, 3.0);
+  const TensorView token_view(ids.data(), DType::i32, Shape{tokens});
+  Buffer master(table_values, DType::f32, Shape{vocabulary, dim}), copy(DType::bf16, Shape{vocabulary, dim});
+  backend->convert(ConvertArgs{master.view(), copy.view()});  // the bf16 copy, as the optimizer wrote it
+  Buffer from_master(DType::bf16, Shape{tokens, dim}), from_copy(DType::bf16, Shape{tokens, dim});
+  backend->embedding_forward(EmbeddingForwardArgs{token_view, master.view(), from_master.view()});
+  backend->embedding_forward(EmbeddingForwardArgs{token_view, copy.view(), from_copy.view()});
+  EXPECT_EQ(from_master.bits(), from_copy.bits());
+  int64_t rounded_away = 0;  // the table's values are not all bf16 already: the rounding is exercised
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t d = 0; d < dim; ++d) {
+      const float value = float(table_values[size_t(ids[size_t(t)] * dim + d)]);
+      ASSERT_EQ(from_master.get(t * dim + d), double(bf16_to_float(float_to_bf16(value)))) << t << ", " << d;
+      rounded_away += double(value) != from_master.get(t * dim + d);
+    }
+  EXPECT_GT(rounded_away, tokens * dim / 2);
+  // Other mixed dtypes stay errors.
+  Buffer wide(table_values, DType::f64, Shape{vocabulary, dim});
+  EXPECT_THROW(backend->embedding_forward(EmbeddingForwardArgs{token_view, wide.view(), from_master.view()}), Error);
+  Buffer narrow_out(DType::f32, Shape{tokens, dim});
+  EXPECT_THROW(backend->embedding_forward(EmbeddingForwardArgs{token_view, copy.view(), narrow_out.view()}), Error);
+}
+
 }  // namespace
 }  // namespace smelt::test

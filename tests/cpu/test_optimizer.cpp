@@ -1,10 +1,15 @@
 // AdamW, sum of squares and mean on the CPU: several AdamW steps against a
-// scalar re-implementation in double (clipping on and off), and deterministic
-// reductions.
+// scalar re-implementation in double (clipping on and off), AdamW over copy runs against
+// AdamW over the whole range (bit for bit), and deterministic reductions.
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <random>
+#include <span>
+
 #include "cpu/finite_difference.h"
+#include "cpu/random_copy_runs.h"
 
 namespace smelt::test {
 namespace {
@@ -81,6 +86,98 @@ TEST(Adamw, MatchesScalarReferenceWithoutClipping) {
 TEST(Adamw, MatchesScalarReferenceWithClipping) {
   run_steps(DType::f64, 3.0f, 1e-12);
   run_steps(DType::f32, 3.0f, 1e-5);
+}
+
+std::vector<ComputeCopyRange> random_runs(int64_t count, uint64_t seed, int64_t& copy_count) {
+  return testing_support::random_copy_runs(count, seed, seed % 2 == 0, copy_count);
+}
+
+// The optimizer's state for one run of the comparison: four flat buffers, the sum of squares, a copy.
+struct AdamwState {
+  Buffer params, grads, exp_avg, exp_avg_sq, sum_squares;
+  std::vector<uint16_t> copy;
+  AdamwArgs args(std::span<const ComputeCopyRange> runs) {
+    AdamwArgs a;
+    a.params = params.view();
+    a.grads = grads.view();
+    a.exp_avg = exp_avg.view();
+    a.exp_avg_sq = exp_avg_sq.view();
+    a.grad_sum_squares = sum_squares.view();
+    a.compute_copy = TensorView(copy.data(), DType::bf16, Shape{int64_t(copy.size())});
+    a.copy_ranges = runs;
+    a.lr = 3e-2f;
+    a.weight_decay = 0.1f;
+    return a;
+  }
+};
+
+TEST(Adamw, CopyRunsGiveTheSameUpdateAsOneCopyOfEverything) {
+  BackendFixture backend;
+  const int64_t count = 4 * 2011;
+  for (DType dtype : {DType::f32, DType::f64})
+    for (float max_norm : {0.0f, 2.0f}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " max_norm " + std::to_string(max_norm));
+      int64_t copy_count = 0;
+      const auto runs = random_runs(count, 7 + uint64_t(max_norm), copy_count);
+      ASSERT_GT(runs.size(), 20u);
+      ASSERT_GT(copy_count, 0);
+      ASSERT_LT(copy_count, count);
+      const Shape shape{count};
+      auto make = [&](int64_t copy_size) {
+        auto squares = random_values(count, 3, 0.0, 0.01);
+        return AdamwState{Buffer(random_values(count, 1), dtype, shape), Buffer(dtype, shape),
+                          Buffer(random_values(count, 2, -0.1, 0.1), dtype, shape), Buffer(squares, dtype, shape),
+                          Buffer(dtype, Shape{1}), std::vector<uint16_t>(size_t(copy_size), 0xFFFF)};
+      };
+      AdamwState whole = make(count), ranged = make(copy_count);
+      bool clipped = false;
+      for (int64_t step = 1; step <= 3; ++step) {
+        const auto grads = random_values(count, 10 + uint64_t(step), -0.1, 0.1);
+        for (AdamwState* state : {&whole, &ranged}) {
+          state->grads.assign(grads);
+          backend->sum_squares(SumSquaresArgs{state->grads.view(), state->sum_squares.view()});
+          std::fill(state->copy.begin(), state->copy.end(), uint16_t(0xFFFF));  // poison: NaN bf16
+        }
+        clipped = clipped || (max_norm > 0 && std::sqrt(whole.sum_squares.get(0)) > max_norm);
+        AdamwArgs a = whole.args({}), b = ranged.args(runs);
+        a.max_norm = b.max_norm = max_norm;
+        a.step = b.step = step;
+        backend->adamw(a);
+        backend->adamw(b);
+        EXPECT_EQ(whole.params.bits(), ranged.params.bits()) << "params, step " << step;
+        EXPECT_EQ(whole.grads.bits(), ranged.grads.bits()) << "clipped gradients, step " << step;
+        EXPECT_EQ(whole.exp_avg.bits(), ranged.exp_avg.bits()) << "exp_avg, step " << step;
+        EXPECT_EQ(whole.exp_avg_sq.bits(), ranged.exp_avg_sq.bits()) << "exp_avg_sq, step " << step;
+        int64_t compared = 0;
+        for (const auto& run : runs) {
+          if (!run.copied()) continue;
+          for (int64_t i = 0; i < run.count; ++i, ++compared)
+            ASSERT_EQ(ranged.copy[size_t(run.copy_offset + i)], whole.copy[size_t(run.begin + i)])
+                << "copy of element " << run.begin + i << ", step " << step;
+        }
+        EXPECT_EQ(compared, copy_count) << "every element of the packed copy written";
+        for (int64_t i = 0; i < count; ++i)
+          ASSERT_NE(whole.copy[size_t(i)], 0xFFFF) << "the whole copy left element " << i << " unwritten";
+      }
+      if (max_norm > 0) EXPECT_TRUE(clipped) << "the clipping case never clipped; the test would prove nothing";
+    }
+}
+
+TEST(Adamw, RejectsCopyRunsThatDoNotTileTheRange) {
+  BackendFixture backend;
+  const int64_t count = 64;
+  const Shape shape{count};
+  AdamwState state{Buffer(random_values(count, 1), DType::f32, shape), Buffer(random_values(count, 2), DType::f32, shape),
+                   Buffer(std::vector<double>(count, 0.0), DType::f32, shape),
+                   Buffer(std::vector<double>(count, 0.0), DType::f32, shape), Buffer(DType::f32, Shape{1}),
+                   std::vector<uint16_t>(32)};
+  auto attempt = [&](std::vector<ComputeCopyRange> runs) { backend->adamw(state.args(runs)); };
+  EXPECT_NO_THROW(attempt({{0, 32, -1}, {32, 32, 0}}));
+  EXPECT_THROW(attempt({{0, 28, -1}, {32, 32, 0}}), Error) << "a gap";
+  EXPECT_THROW(attempt({{0, 32, -1}, {32, 16, 0}}), Error) << "short of the end";
+  EXPECT_THROW(attempt({{0, 30, -1}, {30, 34, 0}}), Error) << "not a multiple of 4";
+  EXPECT_THROW(attempt({{0, 16, -1}, {16, 48, 0}}), Error) << "past the end of the copy";
+  EXPECT_THROW(attempt({}), Error) << "no runs: a copy of every element, which this one is not";
 }
 
 TEST(Reduce, SumSquaresAndMeanMatchAndIgnoreThreads) {

@@ -2,8 +2,10 @@
 // activation operand (dy, dy^T, x^T) and their scales bit-identical, and the outputs of the GEMMs
 // (cuBLASLt float8, tensorwise and outer-vector scales, with and without a residual addend and an
 // accumulated grad-input) within accumulation-order tolerance. Each recipe runs with weights
-// quantised once (planned copies) and per use (as sharded plans do).
+// quantised once (planned copies) and per use (as sharded plans do), and the weight copies
+// quantised from an f32 master.
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "cuda_test_support.h"
@@ -128,6 +130,35 @@ TEST_F(CudaFloat8LinearTest, WeightsQuantisedPerUseMatchTheCpuEmulation) {
 TEST_F(CudaFloat8LinearTest, ResidualAddendAndAccumulatedGradInputMatchTheCpuEmulation) {
   for (Float8Recipe recipe : {Float8Recipe::tensorwise, Float8Recipe::rowwise, Float8Recipe::rowwise_with_gw_hp})
     check(recipe, true, true);
+}
+
+// Unsharded plans quantise float8 linears from the fp32 master weights (they have no bf16 copy):
+// W and W^T and their scales from an f32 source, bit-identical to the CPU emulation, for shapes
+// on the tiled path (multiples of 16) and off it. The source holds values bf16 cannot represent,
+// so a kernel that rounded through bf16 would be caught.
+TEST_F(CudaFloat8LinearTest, WeightCopiesFromAnF32MasterMatchTheCpuEmulation) {
+  const std::array<std::array<int64_t, 2>, 3> shapes{{{kOut, kIn}, {256, 512}, {40, 72}}};
+  for (Float8Recipe recipe : {Float8Recipe::tensorwise, Float8Recipe::rowwise, Float8Recipe::rowwise_with_gw_hp})
+    for (const auto& [out, in] : shapes) {
+      SCOPED_TRACE(std::string(float8_recipe_name(recipe)) + " (" + std::to_string(out) + ", " + std::to_string(in) + ")");
+      HostTensor weight = random_tensor(DType::f32, Shape{out, in}, 21 + uint64_t(out), 0.05);
+      int64_t not_bf16 = 0;
+      for (int64_t i = 0; i < weight.numel(); ++i)
+        not_bf16 += float(weight.get(i)) != bf16_to_float(float_to_bf16(float(weight.get(i))));
+      ASSERT_GT(not_bf16, weight.numel() / 2) << "the master weights must not be bf16 values already";
+      const int64_t scale_count = float8_weight_scale_count(recipe, out, in);
+      HostTensor cpu_copy(DType::e4m3, Shape{2 * out * in}), cpu_scales = nan_tensor(DType::f32, Shape{scale_count});
+      std::memset(cpu_copy.view.data, 0x7F, cpu_copy.view.bytes());
+      HostTensor cpu_amax = nan_tensor(DType::f32, Shape{out}), cpu_amax_t = nan_tensor(DType::f32, Shape{in});
+      quantize_weight(*cpu_, recipe, weight.view, float8_weight_views(recipe, out, in, cpu_copy.view, cpu_scales.view),
+                      cpu_amax.view, cpu_amax_t.view);
+      const TensorView copy = poisoned(DType::e4m3, Shape{2 * out * in}), scales = poisoned(DType::f32, Shape{scale_count});
+      quantize_weight(*cuda_, recipe, upload(weight), float8_weight_views(recipe, out, in, copy, scales),
+                      poisoned(DType::f32, Shape{out}), poisoned(DType::f32, Shape{in}));
+      cuda_->synchronize();
+      expect_bits_equal(cpu_copy, download(copy), "W and W^T from f32");
+      expect_bits_equal(cpu_scales, download(scales), "their scales");
+    }
 }
 
 }  // namespace

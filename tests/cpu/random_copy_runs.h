@@ -1,0 +1,31 @@
+// Test support: random consecutive runs over a flat range, alternately copied and not, the shape
+// of AdamwArgs::copy_ranges (CPU and CUDA optimizer tests share it).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "ops/op_args.h"
+
+namespace smelt::testing_support {
+
+// Runs over [0, count), alternately copied and not (the first copied when `first_copied`),
+// lengths multiples of 4 (some zero); copied runs packed into a copy of `copy_count` elements.
+inline std::vector<ComputeCopyRange> random_copy_runs(int64_t count, uint64_t seed, bool first_copied,
+                                                      int64_t& copy_count) {
+  std::mt19937_64 generator(seed);
+  std::vector<ComputeCopyRange> runs;
+  bool copied = first_copied;
+  copy_count = 0;
+  for (int64_t begin = 0; begin < count;) {
+    const int64_t length = std::min<int64_t>(count - begin, 4 * int64_t(generator() % 40));
+    runs.push_back({begin, length, copied ? copy_count : -1});
+    if (copied) copy_count += length;
+    begin += length;
+    copied = !copied;
+  }
+  return runs;
+}
+
+}  // namespace smelt::testing_support

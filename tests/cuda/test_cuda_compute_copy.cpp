@@ -1,0 +1,98 @@
+// The smaller compute copy on the GPU: AdamW over copy runs (more runs than one launch takes)
+// bit-identical to AdamW over the whole range with a full copy, and the embedding forward from
+// an f32 table into bf16 bit-identical to the CPU and to gathering a bf16 copy of the table.
+#include <random>
+
+#include "cuda_test_support.h"
+#include "cpu/random_copy_runs.h"
+
+namespace smelt::test {
+namespace {
+
+class CudaComputeCopy : public CudaOpsTest {};
+
+std::vector<ComputeCopyRange> random_runs(int64_t count, uint64_t seed, int64_t& copy_count) {
+  return testing_support::random_copy_runs(count, seed, false, copy_count);
+}
+
+TEST_F(CudaComputeCopy, AdamwOverCopyRunsEqualsTheWholeRangeBitForBit) {
+  const int64_t count = 4 * 20011;
+  for (float max_norm : {0.0f, 1.0f}) {
+    SCOPED_TRACE("max_norm " + std::to_string(max_norm));
+    int64_t copy_count = 0;
+    const auto runs = random_runs(count, 5, copy_count);
+    ASSERT_GT(runs.size(), 2u * 192u) << "the runs must take several launches";
+    HostTensor params = random_tensor(DType::f32, Shape{count}, 70), grads = random_tensor(DType::f32, Shape{count}, 71);
+    HostTensor exp_avg = random_tensor(DType::f32, Shape{count}, 72, 0.1), exp_avg_sq(DType::f32, Shape{count});
+    HostTensor seed_sq = random_tensor(DType::f32, Shape{count}, 73, 0.1);
+    for (int64_t i = 0; i < count; ++i) exp_avg_sq.set(i, seed_sq.get(i) * seed_sq.get(i));
+    HostTensor sum_squares(DType::f32, Shape{1});
+    double total = 0;
+    for (int64_t i = 0; i < count; ++i) total += grads.get(i) * grads.get(i);
+    sum_squares.set(0, total);
+    if (max_norm > 0) {
+      ASSERT_GT(std::sqrt(total), max_norm) << "the clipping case must clip";
+    }
+    struct DeviceState {
+      TensorView params, grads, exp_avg, exp_avg_sq, sum_squares, copy;
+    };
+    auto make = [&](int64_t copy_size) {
+      return DeviceState{upload(params), upload(grads), upload(exp_avg), upload(exp_avg_sq), upload(sum_squares),
+                    poisoned(DType::bf16, Shape{copy_size})};
+    };
+    DeviceState whole = make(count), ranged = make(copy_count);
+    auto args = [&](const DeviceState& d) {
+      AdamwArgs a;
+      a.params = d.params;
+      a.grads = d.grads;
+      a.exp_avg = d.exp_avg;
+      a.exp_avg_sq = d.exp_avg_sq;
+      a.grad_sum_squares = d.sum_squares;
+      a.compute_copy = d.copy;
+      a.lr = 3e-3f;
+      a.weight_decay = 0.1f;
+      a.max_norm = max_norm;
+      a.step = 4;
+      return a;
+    };
+    cuda_->adamw(args(whole));
+    AdamwArgs ranged_args = args(ranged);
+    ranged_args.copy_ranges = runs;
+    cuda_->adamw(ranged_args);
+    cuda_->synchronize();
+    expect_bits_equal(download(whole.params), download(ranged.params), "params");
+    expect_bits_equal(download(whole.grads), download(ranged.grads), "clipped gradients");
+    expect_bits_equal(download(whole.exp_avg), download(ranged.exp_avg), "exp_avg");
+    expect_bits_equal(download(whole.exp_avg_sq), download(ranged.exp_avg_sq), "exp_avg_sq");
+    // The packed copy: each copied run's elements, in order, as the full copy holds them.
+    const HostTensor full = download(whole.copy), packed = download(ranged.copy);
+    HostTensor expected(DType::bf16, Shape{copy_count});
+    for (const auto& run : runs)
+      if (run.copied())
+        for (int64_t i = 0; i < run.count; ++i)
+          expected.view.as<uint16_t>()[run.copy_offset + i] = full.view.as<const uint16_t>()[run.begin + i];
+    expect_bits_equal(expected, packed, "packed bf16 copy");
+    int64_t unwritten = 0;
+    for (int64_t i = 0; i < copy_count; ++i) unwritten += std::isnan(packed.get(i));
+    EXPECT_EQ(unwritten, 0) << "elements of the packed copy left poisoned";
+  }
+}
+
+TEST_F(CudaComputeCopy, EmbeddingFromAnF32TableMatchesCpuAndTheBf16Copy) {
+  const int64_t count = 300, vocabulary = 97, dim = 64;
+  HostTensor tokens = random_ids(Shape{count}, 1, int32_t(vocabulary));
+  HostTensor table = random_tensor(DType::f32, Shape{vocabulary, dim}, 2, 3.0);
+  HostTensor copy(DType::bf16, Shape{vocabulary, dim});
+  cpu_->convert({table.view, copy.view});
+  HostTensor want = nan_tensor(DType::bf16, Shape{count, dim});
+  cpu_->embedding_forward({tokens.view, table.view, want.view});
+  const TensorView device_tokens = upload(tokens);
+  const TensorView from_master = poisoned(DType::bf16, Shape{count, dim}), from_copy = poisoned(DType::bf16, Shape{count, dim});
+  cuda_->embedding_forward({device_tokens, upload(table), from_master});
+  cuda_->embedding_forward({device_tokens, upload(copy), from_copy});
+  expect_bits_equal(want, download(from_master), "embedding forward f32 -> bf16 against the CPU");
+  expect_bits_equal(download(from_copy), download(from_master), "embedding forward f32 -> bf16 against the bf16 copy");
+}
+
+}  // namespace
+}  // namespace smelt::test

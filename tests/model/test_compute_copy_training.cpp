@@ -1,0 +1,136 @@
+// Training with the smaller compute copy (no bf16 copy of the embedding or of float8 linears; the
+// output projection's cast per step by the output head) against the same plan widened back to a
+// persistent bf16 copy of every parameter, as plans were before:
+// bf16 and float8 runs give the same losses, gradient norms, weights and optimizer state, bit
+// for bit; and the copy always holds the rounded master weights of the parameters that have one.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "core/numerics.h"
+#include "model/model_fixture.h"
+
+namespace smelt {
+namespace {
+
+using testing::TinyRun;
+using testing::tiny_model;
+
+// The plan as it was before the copy shrank: compute_weights a bf16 copy of every parameter (the
+// embedding gathered from it, AdamW writing all of it), the arena packed again.
+void widen_compute_copy(TinyRun& run) {
+  run.executor.reset();
+  StepPlan& plan = run.plan;
+  ASSERT_GE(plan.compute_weights, 0);
+  ASSERT_FALSE(plan.compute_copy_ranges.empty());
+  plan.compute_copy_ranges.clear();
+  plan.output_weight = -1;  // the output head reads the persistent copy (its own buffer stays, unused)
+  auto& buffer = plan.buffers[size_t(plan.compute_weights)];
+  const int64_t total = ParameterLayout(plan.model).total();
+  buffer.shape = Shape{total};
+  buffer.request.bytes = size_t(total) * dtype_size(buffer.dtype);
+  std::vector<BufferRequest> requests;
+  for (const auto& b : plan.buffers) requests.push_back(b.request);
+  plan.memory = pack_buffers(requests, int(plan.steps.size()));
+  run.executor = std::make_unique<Executor>(run.plan, *run.backend);
+}
+
+void use_float8(TinyRun& run, Float8Recipe recipe) {
+  PlanOptions options = run.plan.options;
+  options.float8.recipe = recipe;
+  options.float8.filter_fqns = {"output", "layers.1.feed_forward.w2"};  // one block linear stays bf16
+  run.executor.reset();
+  run.plan = build_step_plan(run.plan.model, options);
+  run.executor = std::make_unique<Executor>(run.plan, *run.backend);
+}
+
+// Every parameter with a copy: the copy holds its master weights rounded to bf16.
+void expect_copy_is_the_rounded_master(TinyRun& run, const std::string& when) {
+  const TensorView copy = run.executor->view(run.plan.compute_weights);
+  const TensorView master = run.executor->view(run.plan.parameters);
+  int64_t checked = 0;
+  for (const auto& p : run.executor->layout().parameters()) {
+    const int64_t at = run.plan.compute_copy_offset(p);
+    if (at < 0) continue;
+    for (int64_t i = 0; i < p.numel(); ++i, ++checked)
+      ASSERT_EQ(copy.as<uint16_t>()[at + i], float_to_bf16(master.as<float>()[p.offset + i]))
+          << when << ": " << p.name << " element " << i;
+  }
+  EXPECT_EQ(checked > 0, true) << when;
+}
+
+struct Trajectory {
+  std::vector<double> losses, norms;
+  std::vector<float> parameters, exp_avg, exp_avg_sq;
+};
+
+Trajectory train(Float8Recipe recipe, bool widened) {
+  TinyRun run(tiny_model(2), DType::bf16, "selective-op", 2, 8);
+  if (recipe != Float8Recipe::none) use_float8(run, recipe);
+  if (widened) widen_compute_copy(run);
+  run.initialise(21);
+  if (!widened) expect_copy_is_the_rounded_master(run, "after the load");
+  OptimizerSettings optimizer;
+  optimizer.lr = 2e-2f;
+  optimizer.weight_decay = 0.1f;
+  optimizer.max_norm = 0.5f;  // clipping active: the norms below are larger
+  Trajectory t;
+  for (int step = 1; step <= 6; ++step) {
+    run.load_random_batch(uint64_t(100 + step));
+    optimizer.step = step;
+    run.executor->run(optimizer);
+    t.losses.push_back(run.executor->loss());
+    t.norms.push_back(run.executor->gradient_norm());
+  }
+  if (!widened) expect_copy_is_the_rounded_master(run, "after six steps");
+  const size_t total = size_t(run.executor->layout().total());
+  t.parameters.resize(total);
+  t.exp_avg.resize(total);
+  t.exp_avg_sq.resize(total);
+  run.executor->read_parameters(t.parameters.data());
+  std::memcpy(t.exp_avg.data(), run.executor->view(run.plan.exp_avg).data, total * sizeof(float));
+  std::memcpy(t.exp_avg_sq.data(), run.executor->view(run.plan.exp_avg_sq).data, total * sizeof(float));
+  return t;
+}
+
+void expect_same_training(Float8Recipe recipe) {
+  SCOPED_TRACE(std::string(float8_recipe_name(recipe)));
+  const Trajectory smaller = train(recipe, false), full = train(recipe, true);
+  ASSERT_EQ(smaller.losses.size(), full.losses.size());
+  for (size_t i = 0; i < smaller.losses.size(); ++i) {
+    EXPECT_EQ(smaller.losses[i], full.losses[i]) << "loss of step " << i + 1;
+    EXPECT_EQ(smaller.norms[i], full.norms[i]) << "gradient norm of step " << i + 1;
+  }
+  EXPECT_GT(smaller.norms.front(), 0.5) << "the clipping the test means to cover never happened";
+  EXPECT_NE(smaller.losses.front(), smaller.losses.back()) << "training changed nothing; the test would prove nothing";
+  EXPECT_EQ(0, std::memcmp(smaller.parameters.data(), full.parameters.data(), smaller.parameters.size() * sizeof(float)))
+      << "master weights";
+  EXPECT_EQ(0, std::memcmp(smaller.exp_avg.data(), full.exp_avg.data(), smaller.exp_avg.size() * sizeof(float)))
+      << "exp_avg";
+  EXPECT_EQ(0, std::memcmp(smaller.exp_avg_sq.data(), full.exp_avg_sq.data(), smaller.exp_avg_sq.size() * sizeof(float)))
+      << "exp_avg_sq";
+}
+
+TEST(ComputeCopyTraining, Bf16RunEqualsTheFullCopy) { expect_same_training(Float8Recipe::none); }
+
+TEST(ComputeCopyTraining, Float8TensorwiseRunEqualsTheFullCopy) { expect_same_training(Float8Recipe::tensorwise); }
+
+TEST(ComputeCopyTraining, Float8RowwiseRunEqualsTheFullCopy) { expect_same_training(Float8Recipe::rowwise); }
+
+// The smaller copy really is smaller: no embedding, no float8 linears.
+TEST(ComputeCopyTraining, CopySkipsTheEmbeddingAndFloat8Linears) {
+  TinyRun run(tiny_model(2), DType::bf16, "none", 2, 8);
+  use_float8(run, Float8Recipe::tensorwise);
+  const auto& layout = run.executor->layout();
+  EXPECT_EQ(run.plan.compute_copy_offset(layout.embedding()), -1);
+  EXPECT_EQ(run.plan.compute_copy_offset(layout.layer(0, LayerWeight::wq)), -1);
+  EXPECT_EQ(run.plan.compute_copy_offset(layout.layer(1, LayerWeight::w1)), -1);
+  EXPECT_GE(run.plan.compute_copy_offset(layout.layer(1, LayerWeight::w2)), 0) << "filtered: stays bf16";
+  EXPECT_GE(run.plan.compute_copy_offset(layout.layer(0, LayerWeight::ffn_norm)), 0);
+  EXPECT_EQ(run.plan.compute_copy_offset(layout.output()), -1) << "cast per step into output_weight";
+  EXPECT_GE(run.plan.output_weight, 0);
+  EXPECT_GE(run.plan.compute_copy_offset(layout.final_norm()), 0);
+}
+
+}  // namespace
+}  // namespace smelt

@@ -1,0 +1,190 @@
+// The compute-dtype weight copy of unsharded plans: it holds exactly the weights a compute-dtype
+// GEMM or op reads (norms, output, linears not in float8), its runs tile the flat parameters, and
+// the cost model counts the optimizer's and the float8 cast's traffic from it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "plan/cost_model.h"
+#include "plan/step_plan.h"
+
+namespace smelt {
+namespace {
+
+ModelConfig small_model(int64_t layers) {
+  ModelSection section;
+  section.flavor = "llama3_8b";
+  section.n_layers = layers;
+  ModelConfig model = make_model_config(section, 0);
+  model.vocab_size = 1000;
+  model.dim = 200;  // norms (200) and wk / wv (100 x 200) are padded to 64-element steps
+  model.n_heads = 4;
+  model.n_kv_heads = 2;
+  model.ffn_dim = 704;
+  return model;
+}
+
+PlanOptions bf16_options(Float8Recipe recipe = Float8Recipe::none, std::vector<std::string> filter = {"output"}) {
+  PlanOptions o;
+  o.shape = {1, 128};
+  o.compute_dtype = DType::bf16;
+  o.policy = parse_checkpoint_policy("selective-op");
+  o.loss_chunk_tokens = 64;
+  o.float8.recipe = recipe;
+  o.float8.filter_fqns = std::move(filter);
+  return o;
+}
+
+int64_t padded(int64_t elements) { return (elements + 63) / 64 * 64; }
+
+// Which parameters must have a copy under `o`: everything but the embedding and the output
+// projection (cast per step), less the float8 linears.
+bool expected_copy(const ModelConfig& model, const PlanOptions& o, size_t index) {
+  if (index == 0) return false;
+  const int64_t block = static_cast<int64_t>(index) - 1;
+  if (block == model.n_layers * kLayerWeightCount) return true;  // final norm
+  if (block > model.n_layers * kLayerWeightCount) return false;  // output
+  const auto weight = static_cast<LayerWeight>(block % kLayerWeightCount);
+  if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm) return true;
+  return o.float8.recipe == Float8Recipe::none ||
+         !float8_linear_enabled(o.float8, "layers." + std::to_string(block / kLayerWeightCount) + "." +
+                                              std::string(layer_weight_name(weight)));
+}
+
+// The plan's copy holds exactly the expected parameters, packed without overlap, and its runs tile
+// the flat range.
+void expect_copy_holds_exactly(const PlanOptions& o, const std::string& what) {
+  SCOPED_TRACE(what);
+  const ModelConfig model = small_model(3);
+  const StepPlan plan = build_step_plan(model, o);
+  const ParameterLayout layout(model);
+  ASSERT_GE(plan.compute_weights, 0);
+  ASSERT_FALSE(plan.compute_copy_ranges.empty());
+  int64_t expected_elements = 0, kept = 0, skipped = 0;
+  std::vector<std::pair<int64_t, int64_t>> slices;  // (copy offset, padded length) of every kept parameter
+  for (size_t i = 0; i < layout.parameters().size(); ++i) {
+    const ParameterInfo& p = layout.parameters()[i];
+    const int64_t offset = plan.compute_copy_offset(p);
+    if (expected_copy(model, o, i)) {
+      ASSERT_GE(offset, 0) << p.name << " must have a compute copy";
+      ASSERT_EQ(offset % 64, 0) << p.name;
+      expected_elements += padded(p.numel());
+      slices.emplace_back(offset, padded(p.numel()));
+      ++kept;
+    } else {
+      EXPECT_EQ(offset, -1) << p.name << " must be read from the master weights";
+      ++skipped;
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(skipped, 0);
+  EXPECT_EQ(plan.buffers[size_t(plan.compute_weights)].shape.numel(), expected_elements);
+  EXPECT_EQ(compute_copy_elements(plan.compute_copy_ranges), expected_elements);
+  EXPECT_EQ(plan.buffers[size_t(plan.compute_weights)].request.bytes, size_t(expected_elements * 2));
+  std::sort(slices.begin(), slices.end());
+  for (size_t i = 0; i + 1 < slices.size(); ++i)
+    EXPECT_EQ(slices[i].first + slices[i].second, slices[i + 1].first) << "kept parameters packed in order";
+  EXPECT_EQ(slices.back().first + slices.back().second, expected_elements);
+  // The runs: consecutive over [0, total), alternating copied and not (maximal).
+  int64_t next = 0;
+  for (size_t r = 0; r < plan.compute_copy_ranges.size(); ++r) {
+    const auto& run = plan.compute_copy_ranges[r];
+    EXPECT_EQ(run.begin, next);
+    EXPECT_GT(run.count, 0);
+    if (r > 0) {
+      EXPECT_NE(run.copied(), plan.compute_copy_ranges[r - 1].copied()) << "run " << r << " not maximal";
+    }
+    next = run.begin + run.count;
+  }
+  EXPECT_EQ(next, layout.total());
+}
+
+TEST(ComputeCopy, Bf16PlanCopiesEverythingButTheEmbeddingAndTheOutput) {
+  expect_copy_holds_exactly(bf16_options(), "bf16");
+  const ModelConfig model = small_model(3);
+  const StepPlan plan = build_step_plan(model, bf16_options());
+  const ParameterLayout layout(model);
+  EXPECT_EQ(compute_copy_elements(plan.compute_copy_ranges), layout.output().offset - layout.parameters()[1].offset);
+  ASSERT_EQ(plan.compute_copy_ranges.size(), 3u) << "the embedding, the blocks and the final norm, the output";
+}
+
+// The output projection's bf16 copy lives only during the output head, which casts it.
+TEST(ComputeCopy, OutputWeightIsCastPerStepForTheOutputHeadAlone) {
+  const ModelConfig model = small_model(2);
+  for (Float8Recipe recipe : {Float8Recipe::none, Float8Recipe::tensorwise}) {
+    const StepPlan plan = build_step_plan(model, bf16_options(recipe));
+    ASSERT_GE(plan.output_weight, 0);
+    const auto& buffer = plan.buffers[size_t(plan.output_weight)];
+    EXPECT_EQ(buffer.dtype, DType::bf16);
+    EXPECT_EQ(buffer.shape.numel(), model.vocab_size * model.dim);
+    EXPECT_EQ(buffer.request.kind, BufferClass::compute_weights);
+    EXPECT_EQ(buffer.request.first_step, buffer.request.last_step);
+    EXPECT_EQ(plan.steps[size_t(buffer.request.first_step)].kind, StepKind::output_head);
+  }
+  PlanOptions sharded = bf16_options();
+  sharded.shard_single_rank = true;
+  EXPECT_LT(build_step_plan(model, sharded).output_weight, 0) << "sharded plans read the gathered output weight";
+  PlanOptions f32 = bf16_options();
+  f32.compute_dtype = DType::f32;
+  EXPECT_LT(build_step_plan(model, f32).output_weight, 0);
+}
+
+TEST(ComputeCopy, Float8PlansCopyNormsOutputAndFilteredLinears) {
+  for (Float8Recipe recipe : {Float8Recipe::tensorwise, Float8Recipe::rowwise, Float8Recipe::rowwise_with_gw_hp})
+    expect_copy_holds_exactly(bf16_options(recipe), std::string(float8_recipe_name(recipe)));
+  // Linears filtered out of float8 keep their bf16 copy.
+  expect_copy_holds_exactly(bf16_options(Float8Recipe::tensorwise, {"output", "w2", "layers.1.attention"}),
+                            "tensorwise with w2 and layer 1's attention in bf16");
+}
+
+TEST(ComputeCopy, PlansWithoutACopyOrShardedOnesAreUnchanged) {
+  PlanOptions f32 = bf16_options();
+  f32.compute_dtype = DType::f32;
+  const StepPlan plain = build_step_plan(small_model(2), f32);
+  EXPECT_LT(plain.compute_weights, 0);
+  EXPECT_TRUE(plain.compute_copy_ranges.empty());
+  EXPECT_EQ(plain.compute_copy_offset(ParameterLayout(small_model(2)).output()), -1);
+
+  PlanOptions sharded = bf16_options(Float8Recipe::tensorwise);
+  sharded.shard_single_rank = true;
+  const StepPlan plan = build_step_plan(small_model(2), sharded);
+  ASSERT_GE(plan.compute_weights, 0);
+  EXPECT_TRUE(plan.compute_copy_ranges.empty()) << "sharded plans keep a copy of every element of the shard";
+  EXPECT_EQ(plan.buffers[size_t(plan.compute_weights)].shape.numel(), plan.local_parameter_count());
+}
+
+// Optimizer: 28 bytes per parameter (read p g m v, write p m v) and 2 per copied element; the
+// float8 cast: 10 bytes per float8 weight element (fp32 read twice, W and W^T written).
+TEST(ComputeCopy, CostModelCountsTheCopyAndTheMasterCast) {
+  const ModelConfig model = small_model(3);
+  DeviceCeilings ceilings = h200_ceilings();
+  const CostModel cost(ceilings, true);
+  const ParameterLayout layout(model);
+  const double parameters = double(layout.total());
+  auto seconds = [&](StepKind kind, const PlanOptions& o) { return cost.step_seconds(Step{kind}, model, o); };
+  auto expected = [&](double bytes, double launches) {
+    return bytes / ceilings.elementwise_bytes_per_second + launches * ceilings.kernel_launch_seconds;
+  };
+  const PlanOptions bf16 = bf16_options(), fp8 = bf16_options(Float8Recipe::tensorwise);
+  const double bf16_copy = double(compute_copy_elements(compute_copy_ranges(model, bf16)));
+  const double fp8_copy = double(compute_copy_elements(compute_copy_ranges(model, fp8)));
+  EXPECT_LT(fp8_copy, bf16_copy);
+  EXPECT_NEAR(seconds(StepKind::optimizer, bf16), expected(28 * parameters + 2 * bf16_copy, 2), 1e-12);
+  EXPECT_NEAR(seconds(StepKind::optimizer, fp8), expected(28 * parameters + 2 * fp8_copy, 2), 1e-12);
+  const StepPlan plan = build_step_plan(model, fp8);
+  double float8_elements = 0, linears = 0;
+  for (size_t i = 1; i + 1 < layout.parameters().size(); ++i)  // nor are the embedding (0) and the output (last)
+    if (plan.compute_copy_offset(layout.parameters()[i]) < 0) float8_elements += double(layout.parameters()[i].numel()), ++linears;
+  EXPECT_EQ(linears, 7.0 * double(model.n_layers));
+  EXPECT_NEAR(seconds(StepKind::cast_weights, fp8), expected(10 * float8_elements, 2 * linears), 1e-12);
+  // The output head also casts its weight (read 4 bytes, write 2 per element) when there is a bf16 copy.
+  PlanOptions f32 = bf16_options();
+  f32.compute_dtype = DType::f32;
+  PlanOptions bf16_sharded = bf16;
+  bf16_sharded.shard_single_rank = true;
+  const double head = seconds(StepKind::output_head, bf16) - seconds(StepKind::output_head, bf16_sharded);
+  EXPECT_NEAR(head, expected(6.0 * double(layout.output().numel()), 1), 1e-9);
+}
+
+}  // namespace
+}  // namespace smelt
