@@ -1,5 +1,6 @@
 // Softmax cross-entropy on the GPU, forward and backward at once: one block per row,
 // an online max/sum pass, then the loss and (optionally) the gradient written in place.
+// Logits f32, or bf16 (a bf16 GEMM's output, as autocast gives PyTorch), the math in f32.
 #include "cuda/cuda_common.cuh"
 
 namespace smelt::cuda {
@@ -7,13 +8,14 @@ namespace {
 
 constexpr int kThreads = 512;
 
-// logits (rows, V) f32; gradient (rows, V) in G (may alias logits when G is float).
-template <typename G>
-__global__ void cross_entropy_rows(const float* logits, const int32_t* targets, float* losses, G* gradient,
+// logits (rows, V) in L; gradient (rows, V) in G (may alias logits when G is L: each thread reads
+// an element before it writes the same element).
+template <typename L, typename G>
+__global__ void cross_entropy_rows(const L* logits, const int32_t* targets, float* losses, G* gradient,
                                    int64_t vocabulary, float grad_scale) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
-  const float* x = logits + row * vocabulary;
+  const L* x = logits + row * vocabulary;
   const int32_t target = targets[row];
   if (target < 0 || target >= vocabulary) {
     // Ignored row (negative target); an out-of-range target gives NaN so the bad data shows.
@@ -26,7 +28,7 @@ __global__ void cross_entropy_rows(const float* logits, const int32_t* targets, 
   // Online softmax statistics per thread, then merged across the block.
   float maximum = -INFINITY, total = 0.0f;
   for (int64_t c = threadIdx.x; c < vocabulary; c += blockDim.x) {
-    const float v = x[c];
+    const float v = load_float(x, c);
     if (v > maximum) {
       total = total * expf(maximum - v) + 1.0f;
       maximum = v;
@@ -38,12 +40,12 @@ __global__ void cross_entropy_rows(const float* logits, const int32_t* targets, 
   total = maximum == -INFINITY ? 0.0f : total * expf(maximum - row_maximum);
   const float row_total = block_sum(total, shared);
   const float lse = row_maximum + logf(row_total);
-  const float target_logit = x[target];
+  const float target_logit = load_float(x, target);
   __syncthreads();  // every thread has read x[target] before any gradient write may overwrite it
   if (threadIdx.x == 0) losses[row] = lse - target_logit;
   if (!gradient) return;
   for (int64_t c = threadIdx.x; c < vocabulary; c += blockDim.x) {
-    const float probability = expf(x[c] - lse);
+    const float probability = expf(load_float(x, c) - lse);
     store_float(gradient + row * vocabulary, c, (probability - (c == target ? 1.0f : 0.0f)) * grad_scale);
   }
 }
@@ -55,29 +57,30 @@ void cross_entropy(CudaContext& context, const CrossEntropyArgs& args) {
   expect_device(args.logits, op, "logits");
   expect_device(args.targets, op, "targets");
   expect_device(args.losses, op, "losses");
-  expect_dtype(args.logits, DType::f32, op, "logits");
   expect_dtype(args.targets, DType::i32, op, "targets");
   expect_dtype(args.losses, DType::f32, op, "losses");
   const int64_t rows = args.logits.rows(), vocabulary = args.logits.cols();
   expect_numel(args.targets, rows, op, "targets");
   expect_numel(args.losses, rows, op, "losses");
   if (rows == 0) return;
-  if (args.grad_logits.empty()) {
-    cross_entropy_rows<float><<<unsigned(rows), kThreads, 0, context.stream>>>(
-        args.logits.as<float>(), args.targets.as<int32_t>(), args.losses.as<float>(), nullptr, vocabulary,
-        args.grad_scale);
-    SMELT_CUDA_LAUNCH_CHECK("cross_entropy_rows");
-    return;
+  if (args.logits.dtype != DType::f32 && args.logits.dtype != DType::bf16)
+    fail(ErrorKind::internal, "cuda cross_entropy: expected f32 or bf16 logits, found " + args.logits.str());
+  if (!args.grad_logits.empty()) {
+    expect_device(args.grad_logits, op, "grad_logits");
+    expect_numel(args.grad_logits, rows * vocabulary, op, "grad_logits");
+    if (args.logits.dtype == DType::bf16) expect_dtype(args.grad_logits, DType::bf16, op, "grad_logits");
   }
-  expect_device(args.grad_logits, op, "grad_logits");
-  expect_numel(args.grad_logits, rows * vocabulary, op, "grad_logits");
-  dispatch_activation(args.grad_logits.dtype, op, [&](auto element) {
-    using G = decltype(element);
-    cross_entropy_rows<G><<<unsigned(rows), kThreads, 0, context.stream>>>(
-        args.logits.as<float>(), args.targets.as<int32_t>(), args.losses.as<float>(), args.grad_logits.as<G>(),
+  const auto launch = [&](auto logit, auto gradient_element, void* gradient) {
+    using L = decltype(logit);
+    using G = decltype(gradient_element);
+    cross_entropy_rows<L, G><<<unsigned(rows), kThreads, 0, context.stream>>>(
+        args.logits.as<L>(), args.targets.as<int32_t>(), args.losses.as<float>(), static_cast<G*>(gradient),
         vocabulary, args.grad_scale);
     SMELT_CUDA_LAUNCH_CHECK("cross_entropy_rows");
-  });
+  };
+  if (args.logits.dtype == DType::bf16) return launch(__nv_bfloat16{}, __nv_bfloat16{}, args.grad_logits.data);
+  if (args.grad_logits.empty()) return launch(float{}, float{}, nullptr);
+  dispatch_activation(args.grad_logits.dtype, op, [&](auto element) { launch(float{}, element, args.grad_logits.data); });
 }
 
 }  // namespace smelt::cuda

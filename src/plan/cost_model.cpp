@@ -269,12 +269,12 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
     case StepKind::final_norm_forward: bytes = 2 * stream + tokens * 4; break;
     case StepKind::final_norm_backward: bytes = 4 * stream + tokens * 4, launches = 2; break;
     case StepKind::output_head: {
-      // Per chunk: logits GEMM, cross-entropy (f32 logits written and read, gradient written),
-      // grad-input and grad-weight GEMMs, each reading the (V, D) weight. The output stays bf16.
+      // Per chunk: logits GEMM (compute-dtype logits written), cross-entropy (read, gradient
+      // written over them), grad-input and grad-weight GEMMs, each reading the (V, D) weight.
       const double chunk = static_cast<double>(std::max<int64_t>(1, std::min(o.loss_chunk_tokens, o.shape.tokens())));
       const double chunks = std::ceil(tokens / chunk);
       const double vocabulary = static_cast<double>(m.vocab_size);
-      bytes = tokens * vocabulary * (4 + 4 + width + width) + 3 * stream +
+      bytes = tokens * vocabulary * 4 * width + 3 * stream +
               chunks * 3 * vocabulary * static_cast<double>(m.dim) * width;
       launches = chunks * 4;
       const bool sharded = o.shard_degree > 1 || o.shard_single_rank;

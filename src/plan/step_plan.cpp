@@ -512,9 +512,22 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
       }
     }
     for (int g = 0; g < kGradientCount; ++g) {
-      auto spec = gradient_spec(static_cast<Gradient>(g), model, shape, compute);
-      lb.gradient[g] = b.buffer(prefix + std::string(gradient_name(static_cast<Gradient>(g))), spec.dtype,
-                                spec_shape(spec), BufferClass::activation_gradients);
+      const Gradient gradient = static_cast<Gradient>(g);
+      // The SwiGLU backward is the last reader of gate and up and the first writer of their
+      // gradients, element by element: the gradients take the activations' memory (two (N, F)
+      // buffers less at the backward's peak).
+      if (gradient == Gradient::gate || gradient == Gradient::up) {
+        const Activation source = gradient == Gradient::gate ? Activation::gate : Activation::up;
+        const auto spec = gradient_spec(gradient, model, shape, compute);
+        const auto& buffer = plan.buffers[static_cast<size_t>(lb.backward[static_cast<int>(source)])];
+        if (buffer.dtype == spec.dtype && buffer.shape == spec_shape(spec)) {
+          lb.gradient[g] = lb.backward[static_cast<int>(source)];
+          continue;
+        }
+      }
+      auto spec = gradient_spec(gradient, model, shape, compute);
+      lb.gradient[g] = b.buffer(prefix + std::string(gradient_name(gradient)), spec.dtype, spec_shape(spec),
+                                BufferClass::activation_gradients);
     }
   }
 
@@ -527,10 +540,11 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   plan.final_rstd = b.buffer("norm.rstd", statistics, Shape{tokens}, BufferClass::activations);
   plan.final_norm_out_grad = b.buffer("grad.norm.out", compute, Shape{tokens, model.dim}, BufferClass::activation_gradients);
   plan.residual_gradient = b.buffer("grad.residual", compute, Shape{tokens, model.dim}, BufferClass::activation_gradients);
-  plan.logits = b.buffer("output.logits (chunk)", statistics, Shape{chunk, model.vocab_size}, BufferClass::loss);
-  plan.grad_logits = compute == statistics ? plan.logits
-                                           : b.buffer("grad.output.logits (chunk)", compute,
-                                                      Shape{chunk, model.vocab_size}, BufferClass::loss);
+  // Logits in the compute dtype (a bf16 GEMM's output, as autocast gives PyTorch); the
+  // cross-entropy reads them in f32 and writes the gradient over them.
+  plan.logits = b.buffer("output.logits (chunk; its gradient in place)", compute, Shape{chunk, model.vocab_size},
+                         BufferClass::loss);
+  plan.grad_logits = plan.logits;
   plan.losses = b.buffer("per-token losses", statistics, Shape{tokens}, BufferClass::loss);
   if (!plan.compute_copy_ranges.empty())  // cast from the master by the output head, live only there
     plan.output_weight = b.buffer("output.weight (" + std::string(dtype_name(compute)) + ", cast for the output head)",

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/numerics.h"
 #include "core/random.h"
 #include "data/tokenizer.h"
 #include "train/backends.h"
@@ -91,7 +92,13 @@ std::string generate(const GenerateOptions& options, const std::function<void(co
     head.transpose_b = true;
     head.out = executor.view(plan.logits).row_slice(0, 1);
     backend->gemm(head);
-    backend->copy_to_host(logits.data(), head.out);
+    if (head.out.dtype == DType::bf16) {  // the plan's logits are in the compute dtype
+      std::vector<uint16_t> bits(logits.size());
+      backend->copy_to_host(bits.data(), head.out);
+      for (size_t i = 0; i < bits.size(); ++i) logits[i] = bf16_to_float(bits[i]);
+    } else {
+      backend->copy_to_host(logits.data(), head.out);
+    }
     const int32_t next = sample(logits, options.temperature, options.top_p, random);
     if (next == tokenizer->eos_id() || next >= tokenizer->vocab_size()) break;
     if (next == tokenizer->bos_id()) continue;

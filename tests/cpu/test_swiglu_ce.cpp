@@ -57,7 +57,8 @@ struct CrossEntropyResult {
 
 CrossEntropyResult cross_entropy(Backend& backend, const std::vector<double>& logits, std::vector<int32_t> targets,
                                  DType logit_dtype, DType grad_dtype, float grad_scale, bool in_place = false) {
-  Buffer x(logits, logit_dtype, Shape{kRows, kVocabulary}), losses(logit_dtype, Shape{kRows});
+  Buffer x(logits, logit_dtype, Shape{kRows, kVocabulary});
+  Buffer losses(logit_dtype == DType::bf16 ? DType::f32 : logit_dtype, Shape{kRows});  // bf16 logits: f32 losses
   Buffer grad(grad_dtype, Shape{kRows, kVocabulary});
   TensorView grad_view = in_place ? x.view() : grad.view();
   backend.cross_entropy(CrossEntropyArgs{x.view(), TensorView(targets.data(), DType::i32, Shape{kRows}), losses.view(),
@@ -96,6 +97,24 @@ TEST(CrossEntropy, LossMatchesLogSoftmaxAndGradientMatchesFiniteDifferences) {
   const auto in_place = cross_entropy(*backend, logits, targets, DType::f64, DType::f64, grad_scale, true);
   EXPECT_EQ(in_place.grad, moderate.grad);
   EXPECT_EQ(in_place.losses, moderate.losses);
+}
+
+// bf16 logits (what the output head's bf16 GEMM writes) are read in f32: the same losses and
+// gradient, bit for bit, as f32 logits holding the same values, also with the gradient in place.
+TEST(CrossEntropy, Bf16LogitsEqualF32LogitsOfTheSameValues) {
+  BackendFixture backend;
+  const auto logits = random_values(kRows * kVocabulary, 31, -8, 8);
+  auto targets = random_ids(kRows, 32, 0, kVocabulary - 1);
+  targets[1] = -1;
+  const std::vector<double> rounded = Buffer(logits, DType::bf16, Shape{kRows, kVocabulary}).values();
+  ASSERT_NE(rounded, logits) << "the test needs logits that bf16 rounds";
+  const auto want = cross_entropy(*backend, rounded, targets, DType::f32, DType::bf16, 0.125f);
+  for (bool in_place : {false, true}) {
+    SCOPED_TRACE(in_place ? "gradient over the logits" : "separate gradient");
+    const auto got = cross_entropy(*backend, logits, targets, DType::bf16, DType::bf16, 0.125f, in_place);
+    EXPECT_EQ(got.losses, want.losses);
+    EXPECT_EQ(got.grad, want.grad);
+  }
 }
 
 TEST(CrossEntropy, F32AndBf16GradientsTrackF64) {

@@ -122,26 +122,31 @@ TEST_F(CudaOps, SwigluForwardAndBackwardMatchCpu) {
   }
 }
 
+// Logits f32 (gradient f32 or bf16) or bf16 (the output head's bf16 GEMM; gradient bf16), the
+// gradient separate or written over the logits.
 TEST_F(CudaOps, CrossEntropyMatchesCpuWithIgnoredRowsAndAliasing) {
   const int64_t rows = 33, vocabulary = 1000;
-  for (DType gradient_type : kActivationTypes)
-    for (bool alias : {false, true}) {
-      if (alias && gradient_type != DType::f32) continue;
-      HostTensor logits = random_tensor(DType::f32, Shape{rows, vocabulary}, 40, 3.0);
-      HostTensor targets = random_ids(Shape{rows}, 41, int32_t(vocabulary));
-      targets.view.as<int32_t>()[5] = -1;  // ignored row
-      HostTensor losses = nan_tensor(DType::f32, Shape{rows});
-      HostTensor grad = nan_tensor(gradient_type, Shape{rows, vocabulary});
-      HostTensor cpu_logits = logits;
-      cpu_->cross_entropy({cpu_logits.view, targets.view, losses.view, alias ? cpu_logits.view : grad.view, 0.03f});
-      TensorView d_logits = upload(logits);
-      TensorView d_losses = poisoned(DType::f32, Shape{rows});
-      TensorView d_grad = alias ? d_logits : poisoned(gradient_type, Shape{rows, vocabulary});
-      cuda_->cross_entropy({d_logits, upload(targets), d_losses, d_grad, 0.03f});
-      const std::string name = "cross_entropy " + std::string(dtype_name(gradient_type)) + (alias ? " aliased" : "");
-      expect_close(losses, download(d_losses), 1e-5, name + " losses");
-      expect_close(alias ? cpu_logits : grad, download(d_grad), elementwise_tolerance(gradient_type), name + " grad");
-    }
+  for (DType logit_type : kActivationTypes)
+    for (DType gradient_type : kActivationTypes)
+      for (bool alias : {false, true}) {
+        if (logit_type == DType::bf16 && gradient_type != DType::bf16) continue;
+        if (alias && gradient_type != logit_type) continue;
+        HostTensor logits = random_tensor(logit_type, Shape{rows, vocabulary}, 40, 3.0);
+        HostTensor targets = random_ids(Shape{rows}, 41, int32_t(vocabulary));
+        targets.view.as<int32_t>()[5] = -1;  // ignored row
+        HostTensor losses = nan_tensor(DType::f32, Shape{rows});
+        HostTensor grad = nan_tensor(gradient_type, Shape{rows, vocabulary});
+        HostTensor cpu_logits = logits;
+        cpu_->cross_entropy({cpu_logits.view, targets.view, losses.view, alias ? cpu_logits.view : grad.view, 0.03f});
+        TensorView d_logits = upload(logits);
+        TensorView d_losses = poisoned(DType::f32, Shape{rows});
+        TensorView d_grad = alias ? d_logits : poisoned(gradient_type, Shape{rows, vocabulary});
+        cuda_->cross_entropy({d_logits, upload(targets), d_losses, d_grad, 0.03f});
+        const std::string name = "cross_entropy logits " + std::string(dtype_name(logit_type)) + " grad " +
+                                 std::string(dtype_name(gradient_type)) + (alias ? " aliased" : "");
+        expect_close(losses, download(d_losses), 1e-5, name + " losses");
+        expect_close(alias ? cpu_logits : grad, download(d_grad), elementwise_tolerance(gradient_type), name + " grad");
+      }
 }
 
 TEST_F(CudaOps, ReductionsMatchCpuAndRepeatBitForBit) {
