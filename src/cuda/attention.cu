@@ -13,9 +13,6 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 constexpr int kMaxPerLane = 8;  // head dim up to 256
-// cuDNN's backward plan asks for about one f32 (B, H, T, Dh) buffer of its own (measured on
-// an H200 with cuDNN 9: 128 MiB + 256 bytes at B1 H32 T8192 Dh128); reserve that plus a margin.
-constexpr size_t kCudnnPlanMargin = size_t(32) << 20;
 
 size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -237,25 +234,30 @@ Cached* cudnn_plan(CudaContext& context, std::map<AttentionShape, Cached>& plans
   }
 }
 
-void require_region(const CudaContext& context, size_t need, const char* op) {
-  if (context.attention_region_bytes() < need)
+// The attention scratch of one call: the planned view when given, else the workspace's region.
+struct Region {
+  char* data = nullptr;
+  size_t bytes = 0;
+};
+
+Region region_of(const CudaContext& context, const TensorView& scratch) {
+  if (!scratch.empty()) return {static_cast<char*>(scratch.data), scratch.bytes()};
+  return {context.attention_region(), context.attention_region_bytes()};
+}
+
+void require_region(const Region& region, size_t need, const char* op) {
+  if (region.bytes < need)
     fail(ErrorKind::internal, std::string("cuda ") + op + ": expected at least " + std::to_string(need) +
-                                  " bytes of attention workspace, found " +
-                                  std::to_string(context.attention_region_bytes()) +
-                                  "; size the workspace with workspace_bytes() for the largest attention shape");
+                                  " bytes of attention scratch, found " + std::to_string(region.bytes) +
+                                  "; size the workspace with workspace_bytes() (and planned scratch with "
+                                  "attention_backward_scratch_bytes()) for the largest attention shape");
 }
 
 }  // namespace
 
 std::unique_ptr<OpCache> make_attention_cache() { return std::make_unique<AttentionCache>(); }
 
-size_t attention_workspace_bytes(const WorkspaceShape& shape) {
-  const size_t rows = size_t(shape.batch) * size_t(shape.heads) * size_t(shape.seq_len);
-  size_t bytes = align_up(rows * sizeof(float));
-  if (shape.compute_dtype == DType::bf16)
-    bytes += 2 * align_up(rows * size_t(shape.head_dim) * sizeof(float)) + kCudnnPlanMargin;
-  return bytes;
-}
+size_t attention_workspace_bytes(const WorkspaceShape& shape) { return cuda_attention_workspace_bytes(shape); }
 
 void attention_forward(CudaContext& context, const AttentionForwardArgs& args, AttentionImplementation implementation) {
   const char* op = "attention_forward";
@@ -267,7 +269,7 @@ void attention_forward(CudaContext& context, const AttentionForwardArgs& args, A
                               return build_cudnn_forward(context.cudnn, shape, uids);
                             });
   if (cached) {
-    require_region(context, cached->plan.workspace_bytes, op);
+    require_region(region_of(context, TensorView()), cached->plan.workspace_bytes, op);
     float scale = args.scale, negative_infinity = -INFINITY;
     const auto& u = cached->uids;
     execute_cudnn_plan(context.cudnn, cached->plan, {u.q, u.k, u.v, u.out, u.lse, u.scale, u.negative_infinity},
@@ -306,8 +308,9 @@ void attention_backward(CudaContext& context, const AttentionBackwardArgs& args,
                             });
   if (cached) {
     const size_t accumulator_bytes = align_up(size_t(rows * L.head_dim) * sizeof(float));
-    require_region(context, row_bytes + accumulator_bytes + cached->plan.workspace_bytes, op);
-    char* region = context.attention_region();
+    const Region scratch = region_of(context, args.scratch);
+    require_region(scratch, row_bytes + accumulator_bytes + cached->plan.workspace_bytes, op);
+    char* region = scratch.data;
     float scale = args.scale, negative_infinity = -INFINITY, one = 1.0f;
     const auto& u = cached->uids;
     execute_cudnn_plan(context.cudnn, cached->plan,
@@ -319,8 +322,9 @@ void attention_backward(CudaContext& context, const AttentionBackwardArgs& args,
                        region + row_bytes + accumulator_bytes);
     return;
   }
-  require_region(context, row_bytes, op);
-  auto* delta = reinterpret_cast<float*>(context.attention_region());
+  const Region scratch = region_of(context, args.scratch);
+  require_region(scratch, row_bytes, op);
+  auto* delta = reinterpret_cast<float*>(scratch.data);
   const unsigned query_blocks = unsigned((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
   const int64_t key_rows = L.batch * L.kv_heads * L.seq_len;
   const unsigned key_blocks = unsigned((key_rows + kWarpsPerBlock - 1) / kWarpsPerBlock);

@@ -222,7 +222,11 @@ void* CudaBackend::stream() const { return state_->context.stream; }
 void CudaBackend::set_attention(CudaAttention attention) { state_->attention = attention; }
 
 size_t CudaBackend::workspace_bytes(const WorkspaceShape& shape) const {
-  return cuda::kGemmWorkspaceBytes + cuda::kReduceScratchBytes + cuda::attention_workspace_bytes(shape);
+  return cuda_workspace_bytes(shape);  // ops/cuda_workspace.h: what planning without a GPU predicts too
+}
+
+size_t CudaBackend::attention_backward_scratch_bytes(const WorkspaceShape& shape) const {
+  return cuda_attention_workspace_bytes(shape);
 }
 
 void CudaBackend::set_workspace(TensorView workspace) {

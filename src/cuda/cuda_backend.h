@@ -60,6 +60,7 @@ class CudaBackend final : public Backend {
   void set_attention(CudaAttention attention);
 
   size_t workspace_bytes(const WorkspaceShape& shape) const override;
+  size_t attention_backward_scratch_bytes(const WorkspaceShape& shape) const override;
   void set_workspace(TensorView workspace) override;
 
   void gemm(const GemmArgs& args) override;

@@ -13,6 +13,7 @@
 #include "core/tensor.h"
 #include "ops/backend.h"
 #include "ops/op_args.h"
+#include "ops/cuda_workspace.h"
 
 typedef struct cublasLtContext* cublasLtHandle_t;
 typedef struct cudnnContext* cudnnHandle_t;
@@ -40,8 +41,9 @@ class OpCache {
 
 // Workspace layout (fixed, so set_workspace needs no shape):
 // [cuBLASLt workspace][reduction scratch][attention region: cuDNN plans' workspace + tensors].
-constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
-constexpr size_t kReduceScratchBytes = size_t(8) << 20;
+// Sizes: ops/cuda_workspace.h (shared with planning on machines without a GPU).
+constexpr size_t kGemmWorkspaceBytes = kCudaGemmWorkspaceBytes;
+constexpr size_t kReduceScratchBytes = kCudaReduceScratchBytes;
 
 struct CudaContext {
   cudaStream_t stream = nullptr;

@@ -178,6 +178,7 @@ void run_backward_op(BackwardOp op, const LayerViews& v, const ModelContext& c) 
       a.grad_k = bthd_view(grad(v, G::key), c.shape, m.n_kv_heads, m.head_dim());
       a.grad_v = bthd_view(grad(v, G::value), c.shape, m.n_kv_heads, m.head_dim());
       a.scale = attention_scale(m);
+      a.scratch = v.attention_scratch;
       b.attention_backward(a);
       return;
     }

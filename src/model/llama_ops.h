@@ -29,6 +29,7 @@ struct LayerViews {
   std::array<TensorView, kLayerWeightCount> weight_grad;  // f32
   std::array<bool, kLayerWeightCount> float8{};           // linears whose GEMMs run in float8
   std::array<Float8LinearState, kLayerWeightCount> float8_state;  // their weight copies and saved amax
+  TensorView attention_scratch;  // backward: the attention backward's planned scratch (empty: the workspace's)
 };
 
 void run_forward_op(ForwardOp op, const LayerViews& views, const ModelContext& context);

@@ -20,6 +20,9 @@ struct WorkspaceShape {
   int64_t max_cols = 0;     // largest GEMM N
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   DType compute_dtype = DType::f32;
+  // The caller plans the attention backward's scratch itself (a buffer per backward step, passed
+  // in AttentionBackwardArgs::scratch), so the workspace need not hold it for the whole step.
+  bool attention_backward_planned = false;
 };
 
 class Backend {
@@ -31,6 +34,11 @@ class Backend {
 
   virtual size_t workspace_bytes(const WorkspaceShape& shape) const = 0;
   virtual void set_workspace(TensorView workspace) = 0;
+  // Bytes of AttentionBackwardArgs::scratch the attention backward wants (0: it needs none).
+  virtual size_t attention_backward_scratch_bytes(const WorkspaceShape& shape) const {
+    (void)shape;
+    return 0;
+  }
 
   virtual void gemm(const GemmArgs& args) = 0;
   virtual void embedding_forward(const EmbeddingForwardArgs& args) = 0;

@@ -90,6 +90,9 @@ struct AttentionBackwardArgs {
   TensorView grad_q;             // (B, T, H, Dh), overwritten
   TensorView grad_k, grad_v;     // (B, T, KV, Dh), overwritten
   float scale = 0;
+  // Optional device bytes (Backend::attention_backward_scratch_bytes) planned for this call;
+  // empty: the backend's workspace holds the scratch.
+  TensorView scratch;
 };
 
 // out = silu(gate) * up

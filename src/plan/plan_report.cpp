@@ -96,8 +96,8 @@ size_t kept_bytes(const StepPlan& plan, const LayerBuffers& lb) {
 // The float8 buffers by name and size, for `smelt plan` (empty list without float8 linears).
 std::vector<std::pair<std::string, size_t>> float8_buffers(const StepPlan& plan) {
   std::vector<std::pair<std::string, size_t>> list;
-  for (int id : {plan.float8_weights, plan.float8_weight_scales, plan.float8_scratch, plan.float8_statistics,
-                 plan.float8_input_amax})
+  for (int id : {plan.float8_weights, plan.float8_weight_scales, plan.float8_scratch, plan.float8_scratch_backward,
+                 plan.float8_statistics, plan.float8_input_amax})
     if (id >= 0) list.emplace_back(plan.buffers[size_t(id)].request.name, plan.buffers[size_t(id)].request.bytes);
   return list;
 }

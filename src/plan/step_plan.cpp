@@ -391,8 +391,11 @@ void add_float8_buffers(PlanBuilder& b, StepPlan& plan, int64_t tokens) {
   const Float8Recipe recipe = plan.options.float8.recipe;
   const bool weight_copies = !plan.sharded();
   plan.float8_sizes = float8_scratch_sizes(plan.model, tokens, recipe, !weight_copies && !float8_gather_wanted(plan));
-  plan.float8_scratch = b.buffer("float8 scratch (x, dy, dy^T, x^T in e4m3/e5m2, K-major)", DType::e4m3,
-                                 Shape{float8_scratch_value_bytes(plan.float8_sizes)}, BufferClass::workspace, true);
+  const Shape scratch_bytes{float8_scratch_value_bytes(plan.float8_sizes)};
+  plan.float8_scratch = b.buffer("float8 scratch, forward (x in e4m3, K-major)", DType::e4m3, scratch_bytes,
+                                 BufferClass::workspace);
+  plan.float8_scratch_backward = b.buffer("float8 scratch, recompute and backward (x, dy, dy^T, x^T in e4m3/e5m2)",
+                                          DType::e4m3, scratch_bytes, BufferClass::workspace);
   plan.float8_statistics = b.buffer("float8 scratch amax and scales", DType::f32,
                                     Shape{float8_scratch_statistic_floats(plan.float8_sizes)}, BufferClass::workspace,
                                     true);
@@ -529,6 +532,10 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
       lb.gradient[g] = b.buffer(prefix + std::string(gradient_name(gradient)), spec.dtype, spec_shape(spec),
                                 BufferClass::activation_gradients);
     }
+    if (options.attention_backward_scratch_bytes > 0)
+      lb.attention_scratch = b.buffer(prefix + "attention backward scratch", DType::f32,
+                                      Shape{static_cast<int64_t>((options.attention_backward_scratch_bytes + 3) / 4)},
+                                      BufferClass::workspace);
   }
 
   if (any_float8) add_float8_buffers(b, plan, tokens);
@@ -562,6 +569,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
       std::vector<int> ids;
       for (Activation a : info.inputs) ids.push_back(lb.forward[static_cast<int>(a)]);
       for (Activation a : info.outputs) ids.push_back(lb.forward[static_cast<int>(a)]);
+      if (plan.float8_scratch >= 0) ids.push_back(plan.float8_scratch);
       b.emit(shard.tag({StepKind::layer_forward, static_cast<int>(i), static_cast<uint8_t>(op),
                         forward_op_flops(static_cast<ForwardOp>(op), model, shape)},
                        shard.forward_use(i), false),
@@ -589,6 +597,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
       std::vector<int> ids;
       for (Activation a : info.inputs) ids.push_back(lb.backward[static_cast<int>(a)]);
       for (Activation a : info.outputs) ids.push_back(lb.backward[static_cast<int>(a)]);
+      if (plan.float8_scratch_backward >= 0) ids.push_back(plan.float8_scratch_backward);
       b.emit(shard.tag({StepKind::layer_recompute, static_cast<int>(i), static_cast<uint8_t>(op),
                         forward_op_flops(static_cast<ForwardOp>(op), model, shape)},
                        shard.backward_use(i), false),
@@ -600,6 +609,9 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
       for (Activation a : info.reads) ids.push_back(lb.backward[static_cast<int>(a)]);
       for (Gradient g : info.gradient_reads) ids.push_back(lb.gradient[static_cast<int>(g)]);
       for (Gradient g : info.gradient_writes) ids.push_back(lb.gradient[static_cast<int>(g)]);
+      if (static_cast<BackwardOp>(op) == BackwardOp::attention && lb.attention_scratch >= 0)
+        ids.push_back(lb.attention_scratch);
+      if (plan.float8_scratch_backward >= 0) ids.push_back(plan.float8_scratch_backward);
       b.emit(shard.tag({StepKind::layer_backward, static_cast<int>(i), static_cast<uint8_t>(op),
                         backward_op_flops(static_cast<BackwardOp>(op), model, shape)},
                        shard.backward_use(i), true),

@@ -64,6 +64,10 @@ struct PlanOptions {
   CheckpointPolicy policy;
   int64_t loss_chunk_tokens = 1024;
   size_t backend_workspace_bytes = 0;
+  // Scratch the attention backward wants per call (Backend::attention_backward_scratch_bytes with
+  // WorkspaceShape::attention_backward_planned): one buffer per block's backward attention step,
+  // live only there, instead of a persistent part of the workspace. 0: none.
+  size_t attention_backward_scratch_bytes = 0;
   // One keep-set per block, overriding `policy` (what the automatic policy resolves to);
   // empty: every block follows `policy`. layer_input is always kept.
   std::vector<KeepSet> keep_sets;
@@ -103,6 +107,7 @@ struct LayerBuffers {
   KeepSet kept{};
   std::array<bool, kForwardOpCount> recomputed{};
   std::array<bool, kLayerWeightCount> float8{};  // linears whose GEMMs run in float8
+  int attention_scratch = -1;  // the backward attention step's scratch (-1: the workspace holds it)
 };
 
 struct StepPlan {
@@ -144,7 +149,10 @@ struct StepPlan {
   // Unsharded plans also keep every float8 linear's weight in float8 (W and W^T, quantised once per
   // step by the cast_weights step after the optimizer, placed by float8_weight_layout) and, for
   // tensorwise, each linear's input amax from the forward (reused by its grad-weight GEMM).
-  int float8_scratch = -1, float8_statistics = -1;
+  // The float8 linears' scratch values: one buffer for the forward steps, one for the recompute
+  // and backward steps, so neither is live across the output head in between; the amax and
+  // scales (float8_statistics) are shared and persistent.
+  int float8_scratch = -1, float8_scratch_backward = -1, float8_statistics = -1;
   int float8_weights = -1, float8_weight_scales = -1, float8_input_amax = -1;
   Float8ScratchSizes float8_sizes;
   Float8WeightLayout float8_weight_layout;

@@ -107,6 +107,7 @@ LayerViews Executor::layer_views(const Step& step) const {
   if (step.kind == StepKind::layer_backward) {
     for (int g = 0; g < kGradientCount; ++g) v.gradient[g] = view(lb.gradient[g]);
     v.residual_gradient = view(plan_.residual_gradient);
+    if (lb.attention_scratch >= 0) v.attention_scratch = view(lb.attention_scratch);
   }
   v.float8 = lb.float8;
   v.float8_state = float8_states(step.layer);
@@ -146,7 +147,10 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
   switch (step.kind) {
     case StepKind::embedding_forward: embedding_forward(head_views(step), context_); return;
     case StepKind::layer_forward:
-    case StepKind::layer_recompute: run_forward_op(static_cast<ForwardOp>(step.op), layer_views(step), context_); return;
+    case StepKind::layer_recompute:
+      select_float8_scratch(step);
+      run_forward_op(static_cast<ForwardOp>(step.op), layer_views(step), context_);
+      return;
     case StepKind::final_norm_forward: final_norm_forward(head_views(step), context_); return;
     case StepKind::output_head:
       if (plan_.output_weight >= 0)  // the output projection's bf16 copy, for this step only
@@ -154,7 +158,10 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
       output_head(head_views(step), context_);
       return;
     case StepKind::final_norm_backward: final_norm_backward(head_views(step), context_); return;
-    case StepKind::layer_backward: run_backward_op(static_cast<BackwardOp>(step.op), layer_views(step), context_); return;
+    case StepKind::layer_backward:
+      select_float8_scratch(step);
+      run_backward_op(static_cast<BackwardOp>(step.op), layer_views(step), context_);
+      return;
     case StepKind::embedding_backward: embedding_backward(head_views(step), context_); return;
     case StepKind::gradient_norm: backend_.sum_squares({view(plan_.gradients), view(plan_.grad_sum_squares), false}); return;
     case StepKind::optimizer: {

@@ -102,6 +102,8 @@ class Executor {
   // Float8 (executor_float8.cpp): the scratch in the model context, each float8 linear's weight
   // copies and saved amax, and the cast of the weight copies from the master weights.
   void setup_float8();
+  // The scratch a step's float8 linears use: the forward's, or the recompute and backward's.
+  void select_float8_scratch(const Step& step);
   std::array<Float8LinearState, kLayerWeightCount> float8_states(int layer) const;
   void quantize_float8_weights();
   // Float8 all-gather: the amax / all-reduce / cast steps that fill this rank's e4m3 shards; the
@@ -146,6 +148,7 @@ class Executor {
   std::vector<Pending> pending_;                  // per buffer: the collective its users must wait for
   std::array<int, 2> receiving_unit_{-1, -1};     // bf16 reduce: the unit whose shard each receive buffer awaits
   std::array<int, 2> float8_unpack_unit_{-1, -1}; // float8 all-gather: the unit whose norms each slot awaits
+  Float8Scratch float8_forward_scratch_, float8_backward_scratch_;
   int float8_transposed_layer_ = -1;              // the layer whose W^T copies are made
   bool timing_ = false;
   bool graph_wanted_ = false, graph_captured_ = false, graph_failed_ = false;

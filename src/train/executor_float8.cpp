@@ -11,8 +11,18 @@ namespace smelt {
 void Executor::setup_float8() {
   if (plan_.float8_scratch < 0) return;
   context_.float8_recipe = plan_.options.float8.recipe;
-  context_.float8_scratch =
+  float8_forward_scratch_ =
       float8_scratch_views(plan_.float8_sizes, view(plan_.float8_scratch), view(plan_.float8_statistics));
+  float8_backward_scratch_ = plan_.float8_scratch_backward < 0
+                                 ? float8_forward_scratch_
+                                 : float8_scratch_views(plan_.float8_sizes, view(plan_.float8_scratch_backward),
+                                                        view(plan_.float8_statistics));
+  context_.float8_scratch = float8_forward_scratch_;
+}
+
+void Executor::select_float8_scratch(const Step& step) {
+  if (plan_.float8_scratch < 0) return;
+  context_.float8_scratch = step.kind == StepKind::layer_forward ? float8_forward_scratch_ : float8_backward_scratch_;
 }
 
 std::array<Float8LinearState, kLayerWeightCount> Executor::float8_states(int layer) const {

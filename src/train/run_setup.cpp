@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "dist/launch_environment.h"
+#include "ops/cuda_workspace.h"
 #include "plan/auto_policy.h"
 
 namespace smelt {
@@ -28,11 +29,12 @@ WorkspaceShape workspace_shape(const ModelConfig& model, const PlanOptions& opti
   return w;
 }
 
+size_t estimated_attention_backward_scratch_bytes(const std::string& device, const WorkspaceShape& shape) {
+  return device == "cuda" ? cuda_attention_workspace_bytes(shape) : 0;
+}
+
 size_t estimated_workspace_bytes(const std::string& device, const WorkspaceShape& shape) {
-  if (device == "cuda") {
-    // cuBLASLt (32 MiB) and cuDNN attention scratch (a few fp32 values per query row and head).
-    return (32u << 20) + static_cast<size_t>(shape.tokens * shape.heads) * 4 * 4;
-  }
+  if (device == "cuda") return cuda_workspace_bytes(shape);  // the CUDA backend's own formula
   // CPU: f32 copies of two GEMM operands and the output, bounded by the largest shapes.
   const size_t largest = static_cast<size_t>(std::max(shape.max_rows, shape.tokens)) *
                          static_cast<size_t>(std::max(shape.max_inner, shape.max_cols));
@@ -86,8 +88,11 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   o.loss_chunk_tokens = config.training.loss_chunk_tokens;
   o.float8.recipe = parse_float8_recipe(config.float8.recipe);
   o.float8.filter_fqns = config.float8.filter_fqns;
-  const WorkspaceShape ws = workspace_shape(setup.model, o);
+  WorkspaceShape ws = workspace_shape(setup.model, o);
+  ws.attention_backward_planned = true;  // its scratch is a planned buffer per backward attention step
   o.backend_workspace_bytes = backend ? backend->workspace_bytes(ws) : estimated_workspace_bytes(config.job.device, ws);
+  o.attention_backward_scratch_bytes = backend ? backend->attention_backward_scratch_bytes(ws)
+                                               : estimated_attention_backward_scratch_bytes(config.job.device, ws);
   o.shard_degree = resolve_shard_degree(config.parallelism, read_launch_environment().world_size);
   o.reduce_dtype = parse_dtype(config.parallelism.reduce_dtype);
   o.shard_single_rank = config.parallelism.shard_single_rank;

@@ -61,5 +61,7 @@ int64_t resolve_shard_degree(const ParallelismSection& parallelism, int64_t worl
 
 // Workspace estimate for a device without its backend at hand.
 size_t estimated_workspace_bytes(const std::string& device, const WorkspaceShape& shape);
+// Likewise for Backend::attention_backward_scratch_bytes.
+size_t estimated_attention_backward_scratch_bytes(const std::string& device, const WorkspaceShape& shape);
 
 }  // namespace smelt

@@ -1,7 +1,11 @@
 // The CUDA backend allocates nothing after start-up: once the arena exists (and each op has
 // run once to build its cached plans), running every op again leaves the allocation count
-// of CudaMemoryResource and the driver's free memory unchanged.
+// of CudaMemoryResource and the driver's free memory unchanged. The workspace it asks for is what
+// `smelt plan` predicts without a GPU.
 #include "cuda_test_support.h"
+#include "model/model_config.h"
+#include "plan/step_plan.h"
+#include "train/run_setup.h"
 
 namespace smelt::test {
 namespace {
@@ -75,6 +79,25 @@ TEST_F(CudaMemory, OpsAllocateNothingAfterStartUp) {
   EXPECT_EQ(cuda_->memory().allocation_count(), allocations) << "an op allocated through the memory resource";
   EXPECT_EQ(cuda_free_device_memory(), free_memory) << "an op allocated device memory after start-up";
   EXPECT_EQ(allocations, 1) << "the arena should be the only allocation";
+}
+
+// The workspace the backend asks for equals the offline estimate (planning on a machine without a
+// GPU), for bf16 (cuDNN attention) and f32 shapes of the proxy and the small models.
+TEST_F(CudaMemory, WorkspaceEqualsThePlanningEstimate) {
+  for (const char* flavor : {"llama3_8b", "debugmodel"})
+    for (DType compute : {DType::bf16, DType::f32})
+      for (int64_t batch : {1, 2}) {
+        ModelSection section;
+        section.flavor = flavor;
+        const ModelConfig model = make_model_config(section, 128256);
+        PlanOptions options;
+        options.shape = {batch, 2048};
+        options.compute_dtype = compute;
+        const WorkspaceShape shape = workspace_shape(model, options);
+        EXPECT_EQ(cuda_->workspace_bytes(shape), estimated_workspace_bytes("cuda", shape))
+            << flavor << " " << dtype_name(compute) << " batch " << batch;
+        EXPECT_GT(cuda_->workspace_bytes(shape), size_t(40) << 20);
+      }
 }
 
 }  // namespace

@@ -50,7 +50,9 @@ Run make_run(std::unique_ptr<Backend> backend, DType compute, const char* policy
   w.kv_heads = model.n_kv_heads;
   w.head_dim = model.head_dim();
   w.compute_dtype = compute;
+  w.attention_backward_planned = true;  // as the trainer plans it: a scratch buffer per backward attention step
   o.backend_workspace_bytes = r.backend->workspace_bytes(w);
+  o.attention_backward_scratch_bytes = r.backend->attention_backward_scratch_bytes(w);
   r.plan = build_step_plan(model, o);
   r.executor = std::make_unique<Executor>(r.plan, *r.backend);
   std::vector<float> host(static_cast<size_t>(r.executor->layout().total()));

@@ -487,8 +487,8 @@ TEST(Float8Plan, FiltersKeepNamedLinearsInBf16AndRecipeNoneAddsNothing) {
   EXPECT_EQ(run.plan.buffers.size(), plain_buffers);
   EXPECT_EQ(run.plan.memory.arena_bytes, plain_arena);
   use_float8(run, Float8Recipe::tensorwise, {"output", "attention.wq", "layers.1.feed_forward"});
-  // Scratch, its statistics, the weight copies, their scales, the saved input amax.
-  EXPECT_EQ(run.plan.buffers.size(), plain_buffers + 5);
+  // Forward and backward scratch, their statistics, the weight copies, their scales, the saved input amax.
+  EXPECT_EQ(run.plan.buffers.size(), plain_buffers + 6);
   // Copies of the float8 linears only: layer 0 without wq, layer 1 without w1 w3 w2.
   int64_t float8_parameters = 0;
   for (int64_t layer = 0; layer < 2; ++layer)
