@@ -12,21 +12,12 @@
 #include "core/random.h"
 #include "cpu/cpu_backend.h"
 #include "dist/communicator.h"
+#include "model/model_fixture.h"
 #include "train/executor.h"
 
 namespace smelt::testing {
 
-inline ModelConfig small_model(int64_t layers = 2) {
-  ModelSection s;
-  s.flavor = "debugmodel";
-  s.dim = 32;
-  s.n_layers = layers;
-  s.n_heads = 4;
-  s.n_kv_heads = 2;
-  s.ffn_dim = 48;
-  s.vocab_size = 37;
-  return make_model_config(s, 0);
-}
+inline ModelConfig small_model(int64_t layers = 2) { return debug_model(32, layers, 48, 37); }
 
 struct ShardedCase {
   std::string policy = "none";

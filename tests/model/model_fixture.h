@@ -10,17 +10,21 @@
 
 namespace smelt::testing {
 
-inline ModelConfig tiny_model(int64_t layers = 2) {
+// A debugmodel-flavoured Llama of the given sizes (4 heads, 2 KV heads): the small models the
+// CPU whole-model tests train.
+inline ModelConfig debug_model(int64_t dim, int64_t layers, int64_t ffn_dim, int64_t vocab_size) {
   ModelSection s;
   s.flavor = "debugmodel";
-  s.dim = 16;
+  s.dim = dim;
   s.n_layers = layers;
   s.n_heads = 4;
   s.n_kv_heads = 2;
-  s.ffn_dim = 24;
-  s.vocab_size = 11;
+  s.ffn_dim = ffn_dim;
+  s.vocab_size = vocab_size;
   return make_model_config(s, 0);
 }
+
+inline ModelConfig tiny_model(int64_t layers = 2) { return debug_model(16, layers, 24, 11); }
 
 struct TinyRun {
   std::unique_ptr<Backend> backend = make_cpu_backend();
