@@ -14,7 +14,6 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kMaxPerLane = 8;  // head dim up to 256
 
-size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct Layout {
   int64_t batch, seq_len, heads, kv_heads, head_dim;
@@ -257,7 +256,6 @@ void require_region(const Region& region, size_t need, const char* op) {
 
 std::unique_ptr<OpCache> make_attention_cache() { return std::make_unique<AttentionCache>(); }
 
-size_t attention_workspace_bytes(const WorkspaceShape& shape) { return cuda_attention_workspace_bytes(shape); }
 
 void attention_forward(CudaContext& context, const AttentionForwardArgs& args, AttentionImplementation implementation) {
   const char* op = "attention_forward";
@@ -301,13 +299,13 @@ void attention_backward(CudaContext& context, const AttentionBackwardArgs& args,
   context.require_workspace(op);
   auto& cache = *static_cast<AttentionCache*>(context.attention_cache);
   const int64_t rows = L.batch * L.heads * L.seq_len;
-  const size_t row_bytes = align_up(size_t(rows) * sizeof(float));
+  const size_t row_bytes = cuda_workspace_align(size_t(rows) * sizeof(float));
   auto* cached = cudnn_plan(context, cache.backward, L, args.q.dtype, implementation,
                             [&](const AttentionShape& shape, AttentionBackwardUids& uids) {
                               return build_cudnn_backward(context.cudnn, shape, uids);
                             });
   if (cached) {
-    const size_t accumulator_bytes = align_up(size_t(rows * L.head_dim) * sizeof(float));
+    const size_t accumulator_bytes = cuda_workspace_align(size_t(rows * L.head_dim) * sizeof(float));
     const Region scratch = region_of(context, args.scratch);
     require_region(scratch, row_bytes + accumulator_bytes + cached->plan.workspace_bytes, op);
     char* region = scratch.data;

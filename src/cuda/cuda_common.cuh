@@ -146,7 +146,6 @@ void rope(CudaContext& context, const RopeArgs& args);
 // as the fallback; `implementation` picks one explicitly (tests and benchmarks compare both).
 enum class AttentionImplementation : uint8_t { automatic, cudnn, tiled };
 std::unique_ptr<OpCache> make_attention_cache();
-size_t attention_workspace_bytes(const WorkspaceShape& shape);
 void attention_forward(CudaContext& context, const AttentionForwardArgs& args, AttentionImplementation implementation);
 void attention_backward(CudaContext& context, const AttentionBackwardArgs& args, AttentionImplementation implementation);
 

@@ -23,14 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Folder {
-  fs::path path = fs::temp_directory_path() / ("smelt_sharded_checkpoint_" + std::to_string(::getpid()));
-  Folder() {
-    fs::remove_all(path);
-    fs::create_directories(path / "data");
-    testing_support::write_source_corpus(path / "data", {"docs", "src/train"});
-  }
-  ~Folder() { fs::remove_all(path); }
+struct Folder : testing_support::CorpusFolder {
+  Folder() : CorpusFolder({"docs", "src/train"}) {}
 };
 
 // `global_batch` sequences per step over `ranks` ranks.

@@ -20,13 +20,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Folder {
-  fs::path path = fs::temp_directory_path() / ("smelt_sharded_trainer_" + std::to_string(::getpid()));
-  Folder() {
-    fs::create_directories(path / "data");
-    testing_support::write_source_corpus(path / "data", {"docs", "src/plan"});
-  }
-  ~Folder() { fs::remove_all(path); }
+struct Folder : testing_support::CorpusFolder {
+  Folder() : CorpusFolder({"docs", "src/plan"}) {}
 };
 
 JobConfig small_job(const Folder& folder, const std::string& name, int64_t batch, int64_t ranks) {

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "data/temporary_folder.h"
+
 namespace smelt::testing_support {
 
 // The concatenated text of the files directly inside each of `subfolders` (relative to the source tree).
@@ -40,5 +42,14 @@ inline std::string write_source_corpus(const std::filesystem::path& folder, std:
   std::ofstream(folder / "corpus.txt", std::ios::binary) << text;
   return text;
 }
+
+// A TemporaryFolder whose `data/corpus.txt` holds source_corpus(subfolders); `path` is its root.
+struct CorpusFolder {
+  TemporaryFolder temporary;
+  std::filesystem::path path{temporary.path()};
+  explicit CorpusFolder(std::initializer_list<const char*> subfolders) {
+    write_source_corpus(path / "data", subfolders);
+  }
+};
 
 }  // namespace smelt::testing_support
