@@ -14,6 +14,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "dist/launch_environment.h"
 #include "plan/plan_report.h"
 #include "train/benchmark.h"
 #include "train/metrics.h"
@@ -109,13 +110,20 @@ int run_bench(const JobConfig& config, const BenchCommandOptions& options, const
     fail(ErrorKind::config, "--calibrate needs --trace: the per-op times come from the traced steps");
   if (!options.trace.empty() && !options.matrix.empty())
     fail(ErrorKind::config, "--trace applies to one configuration; run it without --matrix");
+  // A launch of several ranks (RANK / WORLD_SIZE, as for train): every rank runs each step with
+  // its collectives; rank 0 alone prints, writes the results and the trace.
+  bench.report = read_launch_environment().rank == 0;
+  std::ostream quiet(nullptr);
+  std::ostream& out = bench.report ? std::cout : quiet;
   const std::string output = options.output.empty() ? (std::filesystem::path(config.job.dump_folder) / "bench.json").string()
                                                      : options.output;
-  std::filesystem::create_directories(std::filesystem::path(output).parent_path().empty()
-                                          ? std::filesystem::path(".")
-                                          : std::filesystem::path(output).parent_path());
+  if (bench.report)
+    std::filesystem::create_directories(std::filesystem::path(output).parent_path().empty()
+                                            ? std::filesystem::path(".")
+                                            : std::filesystem::path(output).parent_path());
   if (options.matrix.empty()) {
-    BenchResult r = run_benchmark(config, bench, std::cout);
+    BenchResult r = run_benchmark(config, bench, out);
+    if (!bench.report) return 0;
     write_file_atomically(output, bench_to_json(r).dump(2) + "\n");
     std::cout << "\n" << kTableHeader << table_row(r.label, &r, "") << "results: " << output << "\n";
     return 0;
@@ -138,7 +146,7 @@ int run_bench(const JobConfig& config, const BenchCommandOptions& options, const
   }
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const std::string scratch = output + ".cells";
-  std::filesystem::create_directories(scratch);
+  if (bench.report) std::filesystem::create_directories(scratch);
   std::string table = kTableHeader;
   nlohmann::json all = nlohmann::json::array();
   for (size_t index = 0; index < cells.size(); ++index) {
@@ -152,10 +160,11 @@ int run_bench(const JobConfig& config, const BenchCommandOptions& options, const
       for (const auto& o : overrides_for(axes[a].name, value)) args.push_back("--" + o);
     }
     const std::string cell_file = scratch + "/cell" + std::to_string(index) + ".json";
-    std::filesystem::remove(cell_file);
+    if (bench.report) std::filesystem::remove(cell_file);
     args.insert(args.end(), {"--steps", std::to_string(bench.steps), "--warmup", std::to_string(bench.warmup), "--output", cell_file});
-    std::cout << "\n=== cell " << index + 1 << "/" << cells.size() << ": " << name << "\n" << std::flush;
+    out << "\n=== cell " << index + 1 << "/" << cells.size() << ": " << name << "\n" << std::flush;
     const int code = run_child(args);
+    if (!bench.report) continue;  // the cell's child on this rank joined rank 0's
     if (code == 0 && std::filesystem::exists(cell_file)) {
       std::ifstream in(cell_file);
       nlohmann::json j = nlohmann::json::parse(in);
@@ -168,6 +177,7 @@ int run_bench(const JobConfig& config, const BenchCommandOptions& options, const
       table += table_row(name, nullptr, "failed (exit code " + std::to_string(code) + ", see its output above)");
     }
   }
+  if (!bench.report) return 0;
   write_file_atomically(output, all.dump(2) + "\n");
   std::filesystem::remove_all(scratch);
   std::cout << "\n" << table << "results: " << output << "\n";

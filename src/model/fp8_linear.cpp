@@ -215,17 +215,29 @@ TensorView prefix(const TensorView& buffer, DType dtype, Shape shape) {
 
 }  // namespace
 
-QuantizedOperand quantize_operand(Backend& backend, const TensorView& source, bool transpose, const OperandCast& cast,
-                                  const Float8Slot& slot) {
+namespace {
+
+// The operand `source` (or source^T) cast by `cast` occupies in `slot`.
+QuantizedOperand slot_operand(const TensorView& source, bool transpose, const OperandCast& cast, const Float8Slot& slot) {
   const int64_t rows = transpose ? source.cols() : source.rows();
   const int64_t cols = transpose ? source.rows() : source.cols();
+  const int64_t scale_count = cast.scaling == OperandScaling::rowwise ? rows : 1;
+  return {prefix(slot.values, cast.dtype, Shape{rows, cols}), prefix(slot.scale, DType::f32, Shape{scale_count}),
+          cast.scaling};
+}
+
+void remember(Float8InputReuse* reuse, Float8InputReuse::Record& record, const TensorView& x, const Float8Slot& slot,
+              const TensorView& amax = {}) {
+  if (reuse) record = {x.data, x.shape, slot.values.data, reuse->step, amax};
+}
+
+}  // namespace
+
+QuantizedOperand quantize_operand(Backend& backend, const TensorView& source, bool transpose, const OperandCast& cast,
+                                  const Float8Slot& slot) {
   const bool rowwise = cast.scaling == OperandScaling::rowwise;
-  const int64_t scale_count = rowwise ? rows : 1;
-  QuantizedOperand q;
-  q.values = prefix(slot.values, cast.dtype, Shape{rows, cols});
-  q.scale = prefix(slot.scale, DType::f32, Shape{scale_count});
-  q.scaling = cast.scaling;
-  const TensorView amax = prefix(slot.amax, DType::f32, Shape{scale_count});
+  const QuantizedOperand q = slot_operand(source, transpose, cast, slot);
+  const TensorView amax = prefix(slot.amax, DType::f32, Shape{q.scale.numel()});
   AmaxArgs amax_args;
   amax_args.x = source;
   amax_args.amax = amax;
@@ -268,13 +280,22 @@ void float8_gemm(Backend& backend, const QuantizedOperand& a, const QuantizedOpe
 
 void float8_linear_forward(Backend& backend, Float8Recipe recipe, const Float8Scratch& scratch,
                            const Float8LinearState& state, const TensorView& x, const TensorView& weight,
-                           const TensorView& y, const TensorView& addend) {
+                           const TensorView& y, const TensorView& addend, Float8InputReuse* reuse) {
   // y (N, out) = x (N, in) @ W (out, in)^T: both already K-major.
   const GemmCast cast = float8_gemm_cast(recipe, LinearGemm::output);
   Float8Slot x_slot = scratch.activation;
   // Tensorwise: x's amax goes where the grad-weight GEMM finds it again.
   if (!state.input_amax.empty() && cast.a.scaling == OperandScaling::tensorwise) x_slot.amax = state.input_amax;
-  const QuantizedOperand qx = quantize_operand(backend, x, false, cast.a, x_slot);
+  QuantizedOperand qx;
+  if (const auto* earlier = reuse ? reuse->find(reuse->input, x, x_slot) : nullptr) {
+    qx = slot_operand(x, false, cast.a, x_slot);
+    if (x_slot.amax.data != earlier->amax.data)  // this linear's backward reads its own copy of x's amax
+      backend.convert({prefix(earlier->amax, DType::f32, Shape{1}), prefix(x_slot.amax, DType::f32, Shape{1})});
+    ++reuse->reused;
+  } else {
+    qx = quantize_operand(backend, x, false, cast.a, x_slot);
+  }
+  if (reuse) remember(reuse, reuse->input, x, x_slot, x_slot.amax);
   const QuantizedOperand qw =
       state.weight.empty() ? quantize_operand(backend, weight, false, cast.b, scratch.weight) : state.weight.rows;
   float8_gemm(backend, qx, qw, cast.fast_accumulation, y, addend, false);
@@ -283,7 +304,8 @@ void float8_linear_forward(Backend& backend, Float8Recipe recipe, const Float8Sc
 void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8Scratch& scratch,
                             const Float8LinearState& state, const TensorView& x, const TensorView& weight,
                             const TensorView& grad_output, const TensorView& grad_input, bool accumulate_grad_input,
-                            const TensorView& grad_weight) {
+                            const TensorView& grad_weight, Float8InputReuse* reuse) {
+  if (reuse) reuse->input.step = 0;  // dy is cast into the slot that held x
   const int64_t tokens = grad_output.rows(), out = grad_output.cols(), in = x.cols();
   const GemmCast input_cast = float8_gemm_cast(recipe, LinearGemm::grad_input);
   const bool float8_grad_weight = float8_gemm_enabled(recipe, LinearGemm::grad_weight);
@@ -344,7 +366,10 @@ void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8S
   // amax of x (the same tensor, so the same scale); rowwise needs x's per-column amax.
   const GemmCast weight_cast = float8_gemm_cast(recipe, LinearGemm::grad_weight);
   QuantizedOperand x_transposed;
-  if (!state.input_amax.empty() && weight_cast.b.scaling == OperandScaling::tensorwise) {
+  if (reuse && reuse->find(reuse->input_transposed, x, scratch.input_transposed)) {
+    x_transposed = slot_operand(x, true, weight_cast.b, scratch.input_transposed);
+    ++reuse->reused;
+  } else if (!state.input_amax.empty() && weight_cast.b.scaling == OperandScaling::tensorwise) {
     x_transposed = {prefix(scratch.input_transposed.values, weight_cast.b.dtype, Shape{in, tokens}),
                     prefix(scratch.input_transposed.scale, DType::f32, Shape{1}), weight_cast.b.scaling};
     QuantizeArgs q;
@@ -358,6 +383,7 @@ void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8S
   } else {
     x_transposed = quantize_operand(backend, x, true, weight_cast.b, scratch.input_transposed);
   }
+  if (reuse) remember(reuse, reuse->input_transposed, x, scratch.input_transposed);
   float8_gemm(backend, dy_transposed, x_transposed, weight_cast.fast_accumulation, grad_weight, {}, false);
 }
 

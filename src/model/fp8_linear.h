@@ -131,15 +131,39 @@ int64_t float8_weight_scale_count(Float8Recipe recipe, int64_t out, int64_t in);
 QuantizedOperand quantize_operand(Backend& backend, const TensorView& source, bool transpose, const OperandCast& cast,
                                   const Float8Slot& slot);
 
+// Linears that read the same input one after another (wq, wk, wv on the attention norm's output;
+// w1, w3 on the FFN norm's) quantise it once. The first leaves x (forward) or x^T (backward) in
+// the scratch and records it here; the next takes it from there when it is the same tensor in
+// the same slot and it runs in the step right after (the caller numbers the steps it runs, so
+// nothing can have written the input or the slot in between). Same bytes as quantising again.
+struct Float8InputReuse {
+  struct Record {
+    const void* source = nullptr;  // the input's data
+    Shape shape;
+    const void* slot = nullptr;    // the scratch values it was cast into
+    uint64_t step = 0;             // when
+    TensorView amax;               // tensorwise forward: where its amax was written
+  };
+  uint64_t step = 1;  // the step running now; the caller advances it before every step
+  Record input, input_transposed;
+  int64_t reused = 0;  // quantisations skipped (tests count them)
+
+  // The record, when `x` in `slot` was quantised by the step just before this one.
+  const Record* find(const Record& r, const TensorView& x, const Float8Slot& slot) const {
+    const bool hit = r.source == x.data && r.shape == x.shape && r.slot == slot.values.data && r.step + 1 == step;
+    return hit ? &r : nullptr;
+  }
+};
+
 // y = x W^T (+ addend), both operands in float8 under `recipe`. `weight` is the compute-dtype
-// weight (read only when state.weight is empty).
+// weight (read only when state.weight is empty). `reuse` (may be null): see Float8InputReuse.
 void float8_linear_forward(Backend& backend, Float8Recipe recipe, const Float8Scratch& scratch,
                            const Float8LinearState& state, const TensorView& x, const TensorView& weight,
-                           const TensorView& y, const TensorView& addend);
+                           const TensorView& y, const TensorView& addend, Float8InputReuse* reuse = nullptr);
 // dx (=|+=) dy W ; dW = dy^T x. dy is read once for both of its float8 layouts.
 void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8Scratch& scratch,
                             const Float8LinearState& state, const TensorView& x, const TensorView& weight,
                             const TensorView& grad_output, const TensorView& grad_input, bool accumulate_grad_input,
-                            const TensorView& grad_weight);
+                            const TensorView& grad_weight, Float8InputReuse* reuse = nullptr);
 
 }  // namespace smelt

@@ -54,7 +54,7 @@ void linear(const LayerViews& v, const ModelContext& c, W w, const TensorView& x
             const TensorView& addend = {}) {
   if (float8(v, c, w))
     float8_linear_forward(c.backend, c.float8_recipe, c.float8_scratch, v.float8_state[static_cast<int>(w)], x,
-                          weight(v, w), y, addend);
+                          weight(v, w), y, addend, c.float8_reuse);
   else
     linear(c.backend, x, weight(v, w), y, addend);
 }
@@ -63,7 +63,7 @@ void linear_backward(const LayerViews& v, const ModelContext& c, W w, const Tens
                      const TensorView& dx, bool accumulate_dx) {
   if (float8(v, c, w))
     float8_linear_backward(c.backend, c.float8_recipe, c.float8_scratch, v.float8_state[static_cast<int>(w)], x,
-                           weight(v, w), dy, dx, accumulate_dx, weight_grad(v, w));
+                           weight(v, w), dy, dx, accumulate_dx, weight_grad(v, w), c.float8_reuse);
   else
     linear_backward(c.backend, x, weight(v, w), dy, dx, accumulate_dx, weight_grad(v, w));
 }

@@ -18,6 +18,7 @@ struct ModelContext {
   TensorView rope_frequencies;  // (T, Dh/2, 2) f32
   Float8Recipe float8_recipe = Float8Recipe::none;
   Float8Scratch float8_scratch;  // shared by every float8 linear
+  Float8InputReuse* float8_reuse = nullptr;  // null: every float8 linear quantises its own input
 };
 
 // Views one block op needs; unused entries stay empty.

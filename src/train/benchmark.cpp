@@ -133,7 +133,7 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
     log << "  step " << step << (step <= options.warmup ? " (warm-up)" : "") << ": " << ms << " ms, loss " << loss
         << "\n" << std::flush;
   }
-  if (tracing) {
+  if (tracing && options.report) {
     write_chrome_trace(options.trace_path, plan, per_step_ms);
     log << "\nwhere the time goes (mean of " << options.steps << " traced steps; trace: " << options.trace_path << ")\n"
         << trace_summary(plan, per_step_ms) << std::flush;

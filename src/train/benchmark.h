@@ -16,6 +16,9 @@ struct BenchOptions {
   int64_t warmup = 3;   // untimed steps first
   std::string trace_path;  // Chrome trace of the last timed step; also prints where the time goes
   std::string calibrate_path;  // with a trace: op timing cache (JSON) the per-op means are merged into
+  // False on every rank but 0 of a launch of several: the same steps are run and timed (traced
+  // too, so every rank's schedule is the same), but nothing is written.
+  bool report = true;
 };
 
 struct BenchResult {

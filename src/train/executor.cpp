@@ -143,6 +143,7 @@ HeadViews Executor::head_views(const Step& step) const {
 }
 
 void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
+  ++float8_reuse_.step;  // a float8 input is reused only by the step right after the one that cast it
   if (data_parallel()) wait_for_buffers(step);
   switch (step.kind) {
     case StepKind::embedding_forward: embedding_forward(head_views(step), context_); return;

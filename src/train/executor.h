@@ -80,6 +80,12 @@ class Executor {
   void enable_timing(bool enabled);
   std::vector<double> step_milliseconds();
 
+  // Float8 linears that read the same input in consecutive steps (wq, wk, wv; w1, w3) quantise
+  // it once (on by default; off: each quantises its own, the same bytes). `float8_inputs_reused`
+  // counts the quantisations skipped so far.
+  void share_float8_inputs(bool enabled) { context_.float8_reuse = enabled ? &float8_reuse_ : nullptr; }
+  int64_t float8_inputs_reused() const { return float8_reuse_.reused; }
+
   // Results of the last step, read from the backend (synchronises).
   double loss();
   double gradient_norm();
@@ -133,6 +139,7 @@ class Executor {
   ParameterLayout layout_;
   std::unique_ptr<Arena> arena_;
   ModelContext context_;
+  Float8InputReuse float8_reuse_;
   Communicator* communicator_ = nullptr;
   std::unique_ptr<ShardLayout> shard_layout_;     // sharded plans only
   std::unique_ptr<ShardLayout> unit_layout_;      // data-parallel plans: units (of one rank when unsharded)

@@ -18,6 +18,7 @@ void Executor::setup_float8() {
                                  : float8_scratch_views(plan_.float8_sizes, view(plan_.float8_scratch_backward),
                                                         view(plan_.float8_statistics));
   context_.float8_scratch = float8_forward_scratch_;
+  share_float8_inputs(true);
 }
 
 void Executor::select_float8_scratch(const Step& step) {

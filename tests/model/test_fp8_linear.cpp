@@ -514,5 +514,47 @@ TEST(Float8Plan, FiltersKeepNamedLinearsInBf16AndRecipeNoneAddsNothing) {
   EXPECT_THROW(use_float8(run, Float8Recipe::tensorwise, {}), Error);  // output head in float8: not yet
 }
 
+// Two tensorwise linears on one input: the second takes the first's quantised x (same bytes) and
+// still gets its own copy of x's amax, which its backward reads when it quantises x^T itself.
+TEST(Float8Linear, SecondLinearOnTheSameInputReusesItAndKeepsItsOwnAmax) {
+  const int64_t tokens = 5, in = 4, out = 3;
+  const Float8Recipe recipe = Float8Recipe::tensorwise;
+  std::unique_ptr<Backend> backend = make_cpu_backend();
+  std::vector<float> workspace(1024, NAN);
+  backend->set_workspace(TensorView(workspace.data(), DType::f32, Shape{1024}));
+  std::vector<float> x = skewed_matrix(tokens, in, 7), first_w = skewed_matrix(out, in, 8), second_w = skewed_matrix(out, in, 9);
+  Float8ScratchSizes sizes;
+  sizes.activation = tokens * std::max(in, out);
+  sizes.activation_transposed = tokens * out;
+  sizes.input_transposed = tokens * in;
+  sizes.weight = out * in;
+  sizes.scales = 8;
+  HostScratch scratch(sizes);
+  const TensorView xv(x.data(), DType::f32, Shape{tokens, in});
+  auto forward = [&](std::vector<float>& w, std::vector<float>& amax, Float8InputReuse* reuse) {
+    std::vector<float> y(size_t(tokens * out), NAN);
+    Float8LinearState state;
+    state.input_amax = TensorView(amax.data(), DType::f32, Shape{1});
+    float8_linear_forward(*backend, recipe, scratch.views, state, xv, TensorView(w.data(), DType::f32, Shape{out, in}),
+                          TensorView(y.data(), DType::f32, Shape{tokens, out}), {}, reuse);
+    return y;
+  };
+  std::vector<float> alone_amax(1, NAN), first_amax(1, NAN), second_amax(1, NAN);
+  const std::vector<float> alone = forward(second_w, alone_amax, nullptr);
+  Float8InputReuse reuse;
+  forward(first_w, first_amax, &reuse);
+  ++reuse.step;
+  const std::vector<float> second = forward(second_w, second_amax, &reuse);
+  EXPECT_EQ(reuse.reused, 1);
+  EXPECT_EQ(0, std::memcmp(alone.data(), second.data(), alone.size() * sizeof(float))) << "output of the second linear";
+  float largest = 0;
+  for (float v : x) largest = std::max(largest, std::fabs(v));
+  EXPECT_EQ(second_amax[0], largest) << "the second linear's saved amax of x";
+  EXPECT_EQ(first_amax[0], largest);
+  reuse.step += 2;  // not the step right after: quantised again
+  forward(second_w, second_amax, &reuse);
+  EXPECT_EQ(reuse.reused, 1);
+}
+
 }  // namespace
 }  // namespace smelt

@@ -1,0 +1,107 @@
+// Float8 linears that read the same input in consecutive steps (wq, wk, wv; w1, w3) quantise it
+// once: training with the reuse gives the same losses, gradient norms, weights and optimizer
+// state, bit for bit, as every linear quantising its own input, for each recipe and
+// checkpointing policy, with linears filtered to bf16 in between; and the reuse really happens,
+// as often as the layer graph allows.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "model/model_fixture.h"
+
+namespace smelt {
+namespace {
+
+using testing::TinyRun;
+using testing::tiny_model;
+
+struct Trajectory {
+  std::vector<double> losses, norms;
+  std::vector<float> parameters, exp_avg, exp_avg_sq;
+  int64_t reused = 0;
+};
+
+constexpr int kSteps = 4;
+
+Trajectory train(Float8Recipe recipe, const std::string& policy, const std::vector<std::string>& filter, bool reuse) {
+  TinyRun run(tiny_model(2), DType::bf16, policy, 2, 8);
+  PlanOptions options = run.plan.options;
+  options.float8.recipe = recipe;
+  options.float8.filter_fqns = filter;
+  run.executor.reset();
+  run.plan = build_step_plan(run.plan.model, options);
+  run.executor = std::make_unique<Executor>(run.plan, *run.backend);
+  run.executor->share_float8_inputs(reuse);
+  run.initialise(33);
+  OptimizerSettings optimizer;
+  optimizer.lr = 2e-2f;
+  optimizer.weight_decay = 0.1f;
+  optimizer.max_norm = 0.5f;
+  Trajectory t;
+  for (int step = 1; step <= kSteps; ++step) {
+    run.load_random_batch(uint64_t(300 + step));
+    optimizer.step = step;
+    run.executor->run(optimizer);
+    t.losses.push_back(run.executor->loss());
+    t.norms.push_back(run.executor->gradient_norm());
+  }
+  const size_t total = size_t(run.executor->layout().total());
+  t.parameters.resize(total);
+  t.exp_avg.resize(total);
+  t.exp_avg_sq.resize(total);
+  run.executor->read_parameters(t.parameters.data());
+  std::memcpy(t.exp_avg.data(), run.executor->view(run.plan.exp_avg).data, total * sizeof(float));
+  std::memcpy(t.exp_avg_sq.data(), run.executor->view(run.plan.exp_avg_sq).data, total * sizeof(float));
+  t.reused = run.executor->float8_inputs_reused();
+  return t;
+}
+
+// Returns the number of quantisations the shared run skipped.
+int64_t expect_same_training(Float8Recipe recipe, const std::string& policy, const std::vector<std::string>& filter) {
+  SCOPED_TRACE(std::string(float8_recipe_name(recipe)) + ", " + policy);
+  const Trajectory shared = train(recipe, policy, filter, true), own = train(recipe, policy, filter, false);
+  EXPECT_EQ(own.reused, 0) << "reuse switched off, yet quantisations were skipped";
+  for (size_t i = 0; i < shared.losses.size(); ++i) {
+    EXPECT_EQ(shared.losses[i], own.losses[i]) << "loss of step " << i + 1;
+    EXPECT_EQ(shared.norms[i], own.norms[i]) << "gradient norm of step " << i + 1;
+  }
+  EXPECT_NE(shared.losses.front(), shared.losses.back()) << "training changed nothing; the test would prove nothing";
+  EXPECT_EQ(0, std::memcmp(shared.parameters.data(), own.parameters.data(), shared.parameters.size() * sizeof(float)))
+      << "master weights";
+  EXPECT_EQ(0, std::memcmp(shared.exp_avg.data(), own.exp_avg.data(), shared.exp_avg.size() * sizeof(float)))
+      << "exp_avg";
+  EXPECT_EQ(0, std::memcmp(shared.exp_avg_sq.data(), own.exp_avg_sq.data(), shared.exp_avg_sq.size() * sizeof(float)))
+      << "exp_avg_sq";
+  return shared.reused;
+}
+
+const std::vector<std::string> kOutputOnly = {"output"};
+// Layer 1's wk in bf16: its wv no longer follows a float8 linear on the same input.
+const std::vector<std::string> kLayer1KeyInBf16 = {"output", "layers.1.attention.wk"};
+
+TEST(Float8InputReuse, TensorwiseSameTrainingEveryPolicy) {
+  for (const char* policy : {"none", "selective-op", "full"})
+    EXPECT_GT(expect_same_training(Float8Recipe::tensorwise, policy, kLayer1KeyInBf16), 0) << policy;
+}
+
+TEST(Float8InputReuse, RowwiseSameTrainingEveryPolicy) {
+  for (const char* policy : {"none", "selective-op", "full"})
+    EXPECT_GT(expect_same_training(Float8Recipe::rowwise, policy, kOutputOnly), 0) << policy;
+}
+
+TEST(Float8InputReuse, RowwiseWithHighPrecisionGradWeightSameTraining) {
+  EXPECT_GT(expect_same_training(Float8Recipe::rowwise_with_gw_hp, "selective-op", kLayer1KeyInBf16), 0);
+}
+
+// Without recomputation, per block and step: forward, wk and wv take wq's x and w3 takes w1's;
+// backward, the same three take x^T (none when the grad-weight GEMM is in bf16). A bf16 wk
+// breaks the chain of its block: wv quantises again.
+TEST(Float8InputReuse, ReusesAsOftenAsTheLayerGraphAllows) {
+  EXPECT_EQ(expect_same_training(Float8Recipe::tensorwise, "none", kOutputOnly), kSteps * (6 + 6));
+  EXPECT_EQ(expect_same_training(Float8Recipe::tensorwise, "none", kLayer1KeyInBf16), kSteps * (6 + 2));
+  EXPECT_EQ(expect_same_training(Float8Recipe::rowwise, "none", kLayer1KeyInBf16), kSteps * (6 + 2));
+  EXPECT_EQ(expect_same_training(Float8Recipe::rowwise_with_gw_hp, "none", kLayer1KeyInBf16), kSteps * (3 + 1));
+}
+
+}  // namespace
+}  // namespace smelt
