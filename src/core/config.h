@@ -84,6 +84,9 @@ struct ParallelismSection {
   int64_t data_parallel_replicate_degree = 1;
   std::string reduce_dtype = "float32";  // FSDP: gradients are reduce-scattered in float32 or bfloat16
   bool shard_single_rank = false;        // the FSDP schedule with one rank (measures its cost on one GPU)
+  // "default" / "always": gather each block's weights again for its backward; "never": keep them
+  // gathered from forward to backward (more memory, no backward gathers). torchtitan's names.
+  std::string reshard_after_forward_policy = "default";
 };
 
 struct CheckpointSection {

@@ -239,6 +239,11 @@ std::vector<ConfigField> config_schema() {
            one_of({"float32", "bfloat16"})),
       bind("parallelism", "shard_single_rank", &C::parallelism, &ParallelismSection::shard_single_rank,
            "run the FSDP schedule (gathers, reduce-scatters) even on one rank, to measure its cost"),
+      bind("parallelism", "reshard_after_forward_policy", &C::parallelism,
+           &ParallelismSection::reshard_after_forward_policy,
+           "FSDP: 'default' and 'always' gather each block's weights again for its backward; 'never' keeps them "
+           "gathered from forward to backward (a buffer per block, no backward gathers)",
+           one_of({"default", "always", "never"})),
 
       bind("checkpoint", "enable", &C::checkpoint, &CheckpointSection::enable, "write checkpoints"),
       bind("checkpoint", "folder", &C::checkpoint, &CheckpointSection::folder,

@@ -42,6 +42,7 @@ std::string parallel_layout(const StepPlan& plan) {
     out << " (FSDP: parameters, gradients, optimizer state and weight copies divided by " << shard << ")";
   else
     out << " (plain data parallel: every rank holds the whole model, gradients all-reduced per unit)";
+  if (!plan.gather_kept.empty()) out << "; each block's gathered weights kept from its forward to its backward";
   return out.str();
 }
 

@@ -22,6 +22,9 @@ namespace smelt::plan_detail {
 // 1) an all-reduce over the replica group follows each reduce-scatter (HSDP) or, unsharded (plain
 // data parallel), each unit's backward: the unit's part of the flat gradients, in place (a bf16
 // reduce goes through one of two bf16 buffers). There are no gathers then.
+// Without resharding after forward, each block gathers into a buffer of its own (slot 2 + block)
+// for its forward, and its backward reads it there without a gather; the embedding and the head
+// take turns in the first gather buffer.
 class ShardScheduler {
  public:
   ShardScheduler(PlanBuilder& builder, StepPlan& plan) : builder_(builder), plan_(plan) {
@@ -46,6 +49,19 @@ class ShardScheduler {
     for (int i = 0; i < layers; ++i) uses_.push_back(layout_->block_unit(i));
     uses_.push_back(layout_->head_unit());
     for (int i = layers - 1; i >= 0; --i) uses_.push_back(layout_->block_unit(i));
+    if (!plan.options.reshard_after_forward) {
+      kept_size_.assign(static_cast<size_t>(layers), 0);
+      for (size_t k = 0; k < uses_.size(); ++k) {
+        const int unit = uses_[k];
+        const int64_t layer = layout_->unit(unit).layer;
+        const bool backward = static_cast<int>(k) > head_use();
+        gathers_.push_back(!backward);
+        slots_.push_back(layer >= 0 ? 2 + static_cast<int>(layer) : 0);
+        if (layer >= 0) kept_size_[static_cast<size_t>(layer)] = layout_->unit(unit).padded;
+        else gather_size_[0] = std::max(gather_size_[0], layout_->unit(unit).padded);
+      }
+      return;
+    }
     std::array<int, 2> resident{-1, -1};
     for (size_t k = 0; k < uses_.size(); ++k) {
       const int unit = uses_[k];
@@ -82,6 +98,10 @@ class ShardScheduler {
     if (gather_size_[1] > 0)
       plan_.gather_next = builder_.buffer("all-gather weights (buffer 2 of 2)", compute, Shape{gather_size_[1]},
                                           BufferClass::communication, true);
+    for (size_t layer = 0; layer < kept_size_.size(); ++layer)
+      plan_.gather_kept.push_back(builder_.buffer("all-gather weights of layers." + std::to_string(layer) +
+                                                      ", kept from forward to backward",
+                                                  compute, Shape{kept_size_[layer]}, BufferClass::communication, true));
     for (int r = 0; r < 2; ++r) {
       if (gradient_size_[r] == 0) continue;
       const std::string which = " (buffer " + std::to_string(r + 1) + " of 2)";
@@ -138,6 +158,10 @@ class ShardScheduler {
   // of the step, the amax / all-reduce / cast steps that fill this rank's e4m3 shards.
   void add_float8_gather(DType compute) {
     if (!float8_gather_wanted(plan_)) return;
+    if (!plan_.options.reshard_after_forward)
+      fail(ErrorKind::config, "float8.all_gather = true with parallelism.reshard_after_forward_policy = \"never\" is "
+                              "not supported yet: set float8.all_gather = false to keep gathered weights, or leave the "
+                              "policy at \"default\"");
     std::vector<std::array<bool, kLayerWeightCount>> float8;
     for (const auto& lb : plan_.layers) float8.push_back(lb.float8);
     layout_->gather_in_float8(ParameterLayout(plan_.model), float8);
@@ -182,7 +206,9 @@ class ShardScheduler {
   int block_unit(int64_t layer) const { return active() ? layout_->block_unit(layer) : -1; }
 
  private:
-  int gather_buffer(int slot) const { return slot == 0 ? plan_.gather_current : plan_.gather_next; }
+  int gather_buffer(int slot) const {
+    return slot == 0 ? plan_.gather_current : slot == 1 ? plan_.gather_next : plan_.gather_kept[static_cast<size_t>(slot - 2)];
+  }
   void gather(size_t k) {
     if (!gathers_[k]) return;
     const int unit = uses_[k];
@@ -201,6 +227,7 @@ class ShardScheduler {
   std::vector<bool> gathers_;
   std::vector<int> gradient_slot_;
   std::array<int64_t, 2> gather_size_{}, gradient_size_{}, shard_size_{};
+  std::vector<int64_t> kept_size_;  // without resharding after forward: each block's gather buffer
 };
 
 }  // namespace smelt::plan_detail

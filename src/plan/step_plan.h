@@ -88,6 +88,10 @@ struct PlanOptions {
   // The FSDP schedule even with shard_degree 1 (collectives over one rank): measures what the
   // sharding machinery costs on one GPU, and tests it against the unsharded plan.
   bool shard_single_rank = false;
+  // Sharded plans: free each block's gathered weights after its forward and gather them again for
+  // its backward (torchtitan's reshard_after_forward), or keep them from forward to backward in a
+  // buffer per block (false: no backward gathers, the blocks' whole weights held meanwhile).
+  bool reshard_after_forward = true;
   // Float8 linears ([float8] recipe and filter_fqns); recipe none leaves the plan as without.
   Float8Options float8;
 };
@@ -136,6 +140,10 @@ struct StepPlan {
   // Plain data parallel plans use reduce_send alone: with a bf16 reduce, the bf16 copy a unit's
   // gradients are all-reduced in (two, alternately).
   int gather_current = -1, gather_next = -1;
+  // Without resharding after forward (PlanOptions::reshard_after_forward false): one gather buffer
+  // per block, filled for its forward and read again by its backward; gather_current then serves
+  // the embedding and the head.
+  std::vector<int> gather_kept;
   std::array<int, 2> reduce_scatter{-1, -1}, reduce_send{-1, -1}, reduce_receive{-1, -1};
   // Float8 all-gather only (-1 otherwise): this rank's shards cast to e4m3 (local layout, one byte
   // per element), every float8 linear's amax then global scale, two e4m3 gather buffers (used

@@ -96,6 +96,7 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   o.shard_degree = resolve_shard_degree(config.parallelism, read_launch_environment().world_size);
   o.reduce_dtype = parse_dtype(config.parallelism.reduce_dtype);
   o.shard_single_rank = config.parallelism.shard_single_rank;
+  o.reshard_after_forward = config.parallelism.reshard_after_forward_policy != "never";
   o.replicate_degree = config.parallelism.data_parallel_replicate_degree;
   o.float8_all_gather = config.float8.all_gather;
 

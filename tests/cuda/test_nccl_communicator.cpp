@@ -118,6 +118,14 @@ TEST(NcclCommunicator, TheFsdpScheduleOverOneGpuMatchesTheUnshardedRun) {
   for (int s = 0; s < c.steps; ++s)
     EXPECT_EQ(graphed.losses[static_cast<size_t>(s)], fsdp.losses[static_cast<size_t>(s)]) << "graph, step " << s + 1;
   EXPECT_TRUE(graphed.parameters == fsdp.parameters) << "the graph-replayed FSDP run ends with other weights";
+  // Blocks' gathered weights kept from forward to backward (no backward gathers): the same bytes
+  // reach the same kernels.
+  c.reshard_after_forward = false;
+  double kept_seconds = 0;
+  const testing::RunResult kept = run_fsdp(true, kept_seconds);
+  c.reshard_after_forward = true;
+  EXPECT_EQ(kept.losses, graphed.losses) << "weights kept from forward to backward";
+  EXPECT_TRUE(kept.parameters == graphed.parameters) << "weights kept from forward to backward: other final weights";
   // One rank: the gathers copy and the averages divide by one, so only kernel nondeterminism
   // (none expected for these f32 kernels) could separate the runs.
   for (int s = 0; s < c.steps; ++s)

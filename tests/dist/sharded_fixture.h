@@ -30,6 +30,7 @@ struct ShardedCase {
   // Replicas over the world (1: FSDP over every rank; the world: plain data parallel; between: HSDP).
   int64_t replicate = 1;
   bool float8_all_gather = false;  // gather float8 linears' weights in e4m3 (tensorwise, sharded)
+  bool reshard_after_forward = true;  // false: each block's gathered weights kept for its backward
 };
 
 // `world`: the ranks the run has (1: the single-rank reference, never replicated).
@@ -47,6 +48,7 @@ inline PlanOptions sharded_plan_options(const ModelConfig& model, const ShardedC
   o.reduce_dtype = c.reduce;
   o.float8.recipe = c.float8;
   o.shard_single_rank = c.shard_single_rank;
+  o.reshard_after_forward = c.reshard_after_forward;
   WorkspaceShape w;
   w.tokens = batch * c.seq_len;
   w.seq_len = c.seq_len;

@@ -7,17 +7,19 @@
 #include <set>
 
 #include "dist/sharded_fixture.h"
+#include "plan/plan_report.h"
 #include "plan/shard_layout.h"
 
 namespace smelt {
 namespace {
 
 StepPlan plan_for(const ModelConfig& model, int64_t degree, const std::string& policy = "selective-op",
-                  DType reduce = DType::f32) {
+                  DType reduce = DType::f32, bool reshard_after_forward = true) {
   testing::ShardedCase c;
   c.policy = policy;
   c.compute = DType::bf16;
   c.reduce = reduce;
+  c.reshard_after_forward = reshard_after_forward;
   auto backend = make_cpu_backend();
   return build_step_plan(model, testing::sharded_plan_options(model, c, 2, degree, *backend));
 }
@@ -141,6 +143,82 @@ TEST(ShardedPlan, NextUnitsGatherIsIssuedBeforeTheCurrentUnitComputes) {
   }
   EXPECT_LT(gather_layer1, first_layer0_forward) << "layers.1's gather must be in flight during layers.0's forward";
   EXPECT_LT(reduce_scatter_head, first_layer2_backward) << "the head's reduce-scatter must be in flight during layers.2's backward";
+}
+
+// Without resharding after forward: one gather per unit and step (none for a block's backward),
+// each block in a buffer of its own that its backward reads; the embedding and the head share
+// the first gather buffer. Memory grows by the blocks' gathered weights; bytes gathered shrink.
+TEST(ShardedPlan, KeptBlocksAreGatheredOnceAndReadAgainByTheirBackward) {
+  const int64_t layers = 3;
+  const ModelConfig model = testing::small_model(layers);
+  const ShardLayout shards(ParameterLayout(model), 4);
+  for (const std::string policy : {"none", "full", "selective-op"}) {
+    SCOPED_TRACE(policy);
+    const StepPlan plan = plan_for(model, 4, policy, DType::f32, false), resharded = plan_for(model, 4, policy);
+    ASSERT_EQ(plan.gather_kept.size(), size_t(layers));
+    EXPECT_EQ(plan.gather_next, -1);
+    std::map<std::string, int> gathers;
+    std::map<int, int> resident;  // gather buffer -> unit it holds
+    std::set<int> backward_buffers;
+    for (const Step& step : plan.steps) {
+      if (step.kind == StepKind::all_gather) {
+        ++gathers[shards.unit(step.unit).name()];
+        EXPECT_EQ(step.op, 0) << "a gather for a backward: " << step.name();
+        resident[step.gathered_weights] = step.unit;
+        continue;
+      }
+      if (step.gathered_weights < 0) continue;
+      ASSERT_TRUE(resident.count(step.gathered_weights)) << step.name();
+      EXPECT_EQ(resident[step.gathered_weights], step.unit) << step.name();
+      if (step.layer >= 0) EXPECT_EQ(step.gathered_weights, plan.gather_kept[size_t(step.layer)]) << step.name();
+      else EXPECT_EQ(step.gathered_weights, plan.gather_current) << step.name();
+      if (step.kind == StepKind::layer_backward) backward_buffers.insert(step.gathered_weights);
+    }
+    EXPECT_EQ(backward_buffers.size(), size_t(layers));
+    EXPECT_NE(parallel_layout(plan).find("kept from its forward to its backward"), std::string::npos) << parallel_layout(plan);
+    EXPECT_EQ(parallel_layout(resharded).find("kept"), std::string::npos);
+    for (const char* unit : {"tok_embeddings", "layers.0", "layers.1", "layers.2", "norm+output"})
+      EXPECT_EQ(gathers[unit], 1) << unit;
+    int64_t kept = 0;
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      const auto& buffer = plan.buffers[size_t(plan.gather_kept[size_t(layer)])];
+      EXPECT_EQ(buffer.shape.numel(), shards.unit(shards.block_unit(layer)).padded);
+      EXPECT_EQ(buffer.dtype, DType::bf16);
+      kept += buffer.shape.numel();
+    }
+    EXPECT_GT(plan.memory.arena_bytes, resharded.memory.arena_bytes);
+    // The communication buffers differ by exactly the gather buffers: the kept ones and one shared
+    // by the embedding and head, against two alternating ones.
+    auto bytes = [](const StepPlan& p, int id) {
+      return (p.buffers[size_t(id)].request.bytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
+    };
+    size_t kept_bytes = 0;
+    for (int id : plan.gather_kept) kept_bytes += bytes(plan, id);
+    EXPECT_GE(kept_bytes, size_t(kept) * 2);
+    EXPECT_EQ(plan.bytes_of(BufferClass::communication) - kept_bytes - bytes(plan, plan.gather_current),
+              resharded.bytes_of(BufferClass::communication) - bytes(resharded, resharded.gather_current) -
+                  bytes(resharded, resharded.gather_next));
+    EXPECT_EQ(plan.buffers[size_t(plan.gather_current)].shape.numel(),
+              std::max(shards.unit(shards.embedding_unit()).padded, shards.unit(shards.head_unit()).padded));
+    EXPECT_LT(communication_volume(plan).all_gather_bytes, communication_volume(resharded).all_gather_bytes);
+  }
+}
+
+TEST(ShardedPlan, KeepingGatheredWeightsWithTheFloat8AllGatherIsAClearError) {
+  const ModelConfig model = testing::small_model(2);
+  testing::ShardedCase c;
+  c.compute = DType::bf16;
+  c.float8 = Float8Recipe::tensorwise;
+  c.float8_all_gather = true;
+  c.reshard_after_forward = false;
+  auto backend = make_cpu_backend();
+  try {
+    build_step_plan(model, testing::sharded_plan_options(model, c, 2, 2, *backend));
+    FAIL() << "planned a float8 all-gather with kept weights";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::config);
+    EXPECT_NE(std::string(e.what()).find("reshard_after_forward_policy"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ShardedPlan, BuffersSizedPerUnitAndStateDivided) {

@@ -136,6 +136,11 @@ const Scenario kScenarios[] = {
     {"bf16 selective-op", {.policy = "selective-op", .compute = DType::bf16}},
     {"f32 bf16-reduce", {.policy = "none", .reduce = DType::bf16}},
     {"bf16 fp8-tensorwise", {.policy = "selective-op", .compute = DType::bf16, .float8 = Float8Recipe::tensorwise}},
+    {"f64 none kept", {.policy = "none", .compute = DType::f64, .reshard_after_forward = false}},
+    {"f32 selective-op kept", {.policy = "selective-op", .reshard_after_forward = false}},
+    {"bf16 full kept", {.policy = "full", .compute = DType::bf16, .reshard_after_forward = false}},
+    {"bf16 fp8-tensorwise kept",
+     {.policy = "none", .compute = DType::bf16, .float8 = Float8Recipe::tensorwise, .reshard_after_forward = false}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ShardedMatchesSingleRank,
@@ -235,6 +240,7 @@ TEST(ShardedSingleRank, TheFsdpScheduleOverOneRankIsBitIdenticalToTheUnshardedRu
   const ModelConfig model = testing::small_model();
   const std::vector<float> initial = testing::initial_weights(model, 31);
   for (const DType reduce : {DType::f32, DType::bf16}) {
+    for (const bool reshard : {true, false}) {
     ShardedCase c;
     c.policy = "selective-op";
     c.compute = DType::bf16;
@@ -242,6 +248,8 @@ TEST(ShardedSingleRank, TheFsdpScheduleOverOneRankIsBitIdenticalToTheUnshardedRu
     const RunResult plain = testing::train_one_rank(model, c, 1, nullptr, initial, batches);
     c.shard_single_rank = true;
     c.reduce = reduce;
+    c.reshard_after_forward = reshard;
+    SCOPED_TRACE(reshard ? "resharded after forward" : "kept from forward to backward");
     const std::vector<RunResult> fsdp = testing::train_sharded(model, c, 1, initial, batches);
     if (reduce == DType::f32) {
       EXPECT_EQ(fsdp[0].losses, plain.losses);
@@ -253,6 +261,7 @@ TEST(ShardedSingleRank, TheFsdpScheduleOverOneRankIsBitIdenticalToTheUnshardedRu
       EXPECT_NE(fsdp[0].gradient_norms[0], plain.gradient_norms[0]) << "the bf16 reduce was not used";
       EXPECT_NEAR(fsdp[0].gradient_norms[0], plain.gradient_norms[0], 1e-2 * plain.gradient_norms[0]);
       EXPECT_NEAR(fsdp[0].losses.back(), plain.losses.back(), 1e-3);
+    }
     }
   }
 }
