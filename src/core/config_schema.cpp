@@ -219,7 +219,9 @@ std::vector<ConfigField> config_schema() {
       bind("float8", "filter_fqns", &C::float8, &Float8Section::filter_fqns,
            "linear layers (by name) kept out of float8"),
       bind("float8", "fusion", &C::float8, &Float8Section::fusion,
-           "full: cast and scale fused into neighbouring kernels; linear: inside the linear only",
+           "full: quantisation fused into the kernels that produce each input (not implemented yet: runs as "
+           "linear); linear: standalone cast kernels inside the float8 linears (one input read by consecutive "
+           "linears is cast once)",
            one_of({"full", "linear"})),
       bind("float8", "all_gather", &C::float8, &Float8Section::all_gather,
            "sharded runs with the tensorwise recipe: all-gather float8 linears' weights in e4m3 (scales from "
