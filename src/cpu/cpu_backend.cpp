@@ -44,6 +44,7 @@ class CpuBackend final : public Backend {
   void convert(const ConvertArgs& args) override { cpu::convert(args); }
   void amax(const AmaxArgs& args) override { cpu::amax(args); }
   void quantize(const QuantizeArgs& args) override { cpu::quantize(args); }
+  void quantize_blocks(const BlockQuantizeArgs& args) override { cpu::quantize_blocks(args); }
   void dequantize(const DequantizeArgs& args) override { cpu::dequantize(args); }
   void scale_from_amax(const ScaleFromAmaxArgs& args) override { cpu::scale_from_amax(args); }
 

@@ -20,4 +20,12 @@ void scale_from_amax(const ScaleFromAmaxArgs& args);
 // dst = float8_to_float(src) / scale in float32, then rounded to dst's dtype.
 void dequantize(const DequantizeArgs& args);
 
+// Block-scaled float8 (core/float8_blocks.h): each tile's or block's amax, its dequantisation
+// scale and its codes, for dst and/or dst_transposed (see BlockQuantizeArgs).
+void quantize_blocks(const BlockQuantizeArgs& args);
+// dst (rows * cols floats) = code * scale of a tile_1x128 or block_128x128 operand.
+void dequantize_blocks(const TensorView& src, const TensorView& scale, OperandScaling scaling, float* dst);
+// How many scales an operand of (rows, cols) has under a block scaling.
+int64_t block_scaled_scale_count(OperandScaling scaling, int64_t rows, int64_t cols);
+
 }  // namespace smelt::cpu

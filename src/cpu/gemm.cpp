@@ -1,6 +1,7 @@
 // CPU GEMM: out = op(a) @ op(b) (+ addend), row-major, through OpenBLAS.
 // f64 -> dgemm, f32 -> sgemm; bf16 and float8 operands are first converted to f32
-// in the workspace (float8 dequantized as code / scale), then sgemm, then rounded.
+// in the workspace (float8 dequantized as code / scale, or code * scale when block-scaled),
+// then sgemm, then rounded.
 #include <cblas.h>
 
 #include <cstring>
@@ -62,7 +63,14 @@ GemmShape validate(const GemmArgs& args) {
       return;
     }
     if (scaling == OperandScaling::none) reject(args, std::string("expected a scaling for float8 operand ") + name);
-    int64_t count = scaling == OperandScaling::tensorwise ? 1 : operand.rows();
+    const bool blocks = scaling == OperandScaling::tile_1x128 || scaling == OperandScaling::block_128x128;
+    if (blocks && args.fast_accumulation)
+      reject(args, "expected fast accumulation off with block scaling (cuBLASLt supports it only so)");
+    if (blocks && (&operand == &args.a ? args.transpose_a : !args.transpose_b))
+      reject(args, std::string("expected block-scaled operand ") + name + " K-major (the TN form a @ b^T)");
+    int64_t count = scaling == OperandScaling::tensorwise ? 1
+                    : blocks ? block_scaled_scale_count(scaling, operand.rows(), operand.cols())
+                             : operand.rows();
     if (scale.empty() || scale.dtype != DType::f32 || scale.numel() != count)
       reject(args, std::string("expected f32 scale of ") + std::to_string(count) + " element(s) for operand " + name +
                        ", found " + (scale.empty() ? std::string("none") : scale.str()));
@@ -84,6 +92,10 @@ bool place_addend(const GemmArgs& args) {
 float* operand_as_f32(const TensorView& operand, const TensorView& scale, OperandScaling scaling, float* destination) {
   int64_t rows = operand.rows(), cols = operand.cols();
   TensorView as_f32(destination, DType::f32, Shape{rows, cols});
+  if (is_float8(operand.dtype) && (scaling == OperandScaling::tile_1x128 || scaling == OperandScaling::block_128x128)) {
+    dequantize_blocks(operand.reshaped(Shape{rows, cols}), scale, scaling, destination);
+    return destination;
+  }
   if (is_float8(operand.dtype)) {
     dequantize(DequantizeArgs{operand.reshaped(Shape{rows, cols}), as_f32, scale, scaling == OperandScaling::rowwise});
     return destination;

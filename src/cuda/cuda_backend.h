@@ -80,6 +80,7 @@ class CudaBackend final : public Backend {
   void convert(const ConvertArgs& args) override;
   void amax(const AmaxArgs& args) override;
   void quantize(const QuantizeArgs& args) override;
+  void quantize_blocks(const BlockQuantizeArgs& args) override;
   void dequantize(const DequantizeArgs& args) override;
   void scale_from_amax(const ScaleFromAmaxArgs& args) override;
 

@@ -158,6 +158,7 @@ void adamw(CudaContext& context, const AdamwArgs& args);
 void convert(CudaContext& context, const ConvertArgs& args);
 void amax(CudaContext& context, const AmaxArgs& args);
 void quantize(CudaContext& context, const QuantizeArgs& args);
+void quantize_blocks(CudaContext& context, const BlockQuantizeArgs& args);  // fp8_blocks.cu
 void dequantize(CudaContext& context, const DequantizeArgs& args);
 void scale_from_amax(CudaContext& context, const ScaleFromAmaxArgs& args);
 void fill(CudaContext& context, TensorView destination, float value);

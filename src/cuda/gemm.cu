@@ -1,7 +1,8 @@
 // GEMM on the GPU through cuBLASLt: out = op(a) @ op(b) (+ addend), row-major smelt views
 // mapped onto column-major cuBLAS by swapping the operands (out^T = op(b)^T op(a)^T).
 // bf16 or f32 inputs, fp32 accumulation (no TF32), out in the input dtype or f32; float8
-// operands (e4m3/e5m2) in the TN form out = a @ b^T, tensorwise or outer-vector (rowwise) scales.
+// operands (e4m3/e5m2) in the TN form out = a @ b^T, tensorwise or outer-vector (rowwise) scales, or
+// the blockwise recipe's 1x128-tile / 128x128-block scales (core/float8_blocks.h).
 // Matmul descriptors and the chosen algorithm are cached per shape on the host.
 #include <cublasLt.h>
 
@@ -9,6 +10,7 @@
 #include <map>
 #include <tuple>
 
+#include "core/float8_blocks.h"
 #include "cuda/cuda_common.cuh"
 
 namespace smelt::cuda {
@@ -42,10 +44,12 @@ struct GemmKey {
   DType input, output;
   int alignment;
   DType input_a;  // cuBLAS A's dtype (smelt's b); differs from `input` (cuBLAS B) only for float8
-  OperandScaling scaling;  // none, or the float8 scaling of both operands
+  // Float8 scalings (none otherwise): cuBLAS A's (smelt b's) and cuBLAS B's (smelt a's).
+  OperandScaling scaling_a, scaling_b;
   bool fast_accumulation;
   auto tie() const {
-    return std::tie(m, n, k, transpose_a, transpose_b, input, output, alignment, input_a, scaling, fast_accumulation);
+    return std::tie(m, n, k, transpose_a, transpose_b, input, output, alignment, input_a, scaling_a, scaling_b,
+                    fast_accumulation);
   }
   bool operator<(const GemmKey& other) const { return tie() < other.tie(); }
 };
@@ -90,6 +94,42 @@ const float* inverse_scales(CudaContext& context, const TensorView& scale, int s
   return inverse;
 }
 
+bool is_block_scaling(OperandScaling scaling) {
+  return scaling == OperandScaling::tile_1x128 || scaling == OperandScaling::block_128x128;
+}
+
+// How many f32 scales a float8 operand of (rows, inner) K-major elements has under `scaling`.
+int64_t scale_count(OperandScaling scaling, int64_t rows, int64_t inner) {
+  switch (scaling) {
+    case OperandScaling::tensorwise: return 1;
+    case OperandScaling::rowwise: return rows;
+    case OperandScaling::tile_1x128: return tile_scale_count(rows, inner);
+    case OperandScaling::block_128x128: return block_scale_count(rows, inner);
+    case OperandScaling::none: break;
+  }
+  return 0;
+}
+
+// The cuBLASLt scale mode of an operand scaling, as the int32_t the attribute takes. Block scales
+// are laid out as cuBLASLt reads them (core/float8_blocks.h), so no conversion is needed.
+int32_t cublas_scale_mode(OperandScaling scaling) {
+  switch (scaling) {
+    case OperandScaling::rowwise: return CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    case OperandScaling::tile_1x128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case OperandScaling::block_128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    default: return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  }
+}
+
+const char* scale_mode_name(OperandScaling scaling) {
+  switch (scaling) {
+    case OperandScaling::rowwise: return "OUTER_VEC_32F";
+    case OperandScaling::tile_1x128: return "VEC128_32F";
+    case OperandScaling::block_128x128: return "BLK128x128_32F";
+    default: return "SCALAR_32F";
+  }
+}
+
 int pointer_alignment(std::initializer_list<const void*> pointers) {
   int alignment = 256;
   for (const void* p : pointers) {
@@ -107,15 +147,14 @@ std::string describe(const GemmArgs& args) {
 
 // The float8 set-up the heuristic is asked about, for error messages.
 std::string describe_float8(const GemmKey& key, bool has_addend) {
-  const bool rowwise = key.scaling == OperandScaling::rowwise;
-  const char* mode = rowwise ? "OUTER_VEC_32F" : "SCALAR_32F";
   return std::string("cuBLAS A (smelt b) ") + std::string(dtype_name(key.input_a)) + " " + std::to_string(key.m) + "x" +
          std::to_string(key.k) + (key.transpose_a ? " op T" : " op N") + ", cuBLAS B (smelt a) " +
          std::string(dtype_name(key.input)) + " " + std::to_string(key.k) + "x" + std::to_string(key.n) +
          (key.transpose_b ? " op T" : " op N") + ", C/D " + std::string(dtype_name(key.output)) +
-         ", compute 32F, A_SCALE_MODE = B_SCALE_MODE = " + mode + " (scale vectors of " +
-         (rowwise ? std::to_string(key.m) + " and " + std::to_string(key.n) : std::string("1 and 1")) +
-         " floats, set before the heuristic), FAST_ACCUM = " + (key.fast_accumulation ? "1" : "0") +
+         ", compute 32F, A_SCALE_MODE = " + scale_mode_name(key.scaling_a) + " (" +
+         std::to_string(scale_count(key.scaling_a, key.m, key.k)) + " floats), B_SCALE_MODE = " +
+         scale_mode_name(key.scaling_b) + " (" + std::to_string(scale_count(key.scaling_b, key.n, key.k)) +
+         " floats; scale pointers set before the heuristic), FAST_ACCUM = " + (key.fast_accumulation ? "1" : "0") +
          ", beta = " + (has_addend ? "1 (addend C)" : "0") + ", alignment " + std::to_string(key.alignment) + " bytes";
 }
 
@@ -148,14 +187,15 @@ std::unique_ptr<GemmPlan> build_plan(CudaContext& context, const GemmKey& key, c
   // Stored column-major shapes: A is (m x k) or (k x m) when transposed; B likewise.
   const uint64_t a_rows = key.transpose_a ? key.k : key.m, a_cols = key.transpose_a ? key.m : key.k;
   const uint64_t b_rows = key.transpose_b ? key.n : key.k, b_cols = key.transpose_b ? key.k : key.n;
-  if (key.scaling != OperandScaling::none) {
+  if (key.scaling_a != OperandScaling::none) {
     // The scale-mode attributes are int32_t (cublasLt.h), the fast-accumulation flag int8_t.
-    const int32_t mode = static_cast<int32_t>(key.scaling == OperandScaling::rowwise
-                                                  ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
-                                                  : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F);
-    for (auto attribute : {CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_DESC_B_SCALE_MODE})
-      check_cublas(cublasLtMatmulDescSetAttribute(plan->operation, attribute, &mode, sizeof mode),
-                   "cublasLtMatmulDescSetAttribute(SCALE_MODE)", problem);
+    const int32_t mode_a = cublas_scale_mode(key.scaling_a), mode_b = cublas_scale_mode(key.scaling_b);
+    check_cublas(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a,
+                                                sizeof mode_a),
+                 "cublasLtMatmulDescSetAttribute(A_SCALE_MODE)", problem);
+    check_cublas(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b,
+                                                sizeof mode_b),
+                 "cublasLtMatmulDescSetAttribute(B_SCALE_MODE)", problem);
     const int8_t fast = key.fast_accumulation ? 1 : 0;
     check_cublas(cublasLtMatmulDescSetAttribute(plan->operation, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast),
                  "cublasLtMatmulDescSetAttribute(FAST_ACCUM)", problem);
@@ -181,13 +221,14 @@ std::unique_ptr<GemmPlan> build_plan(CudaContext& context, const GemmKey& key, c
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(context.cublas, plan->operation, plan->a, plan->b,
                                                                plan->c, plan->c, preference, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(preference);
-  const bool float8 = key.scaling != OperandScaling::none;
+  const bool float8 = key.scaling_a != OperandScaling::none;
   check_cublas(status, "cublasLtMatmulAlgoGetHeuristic",
                float8 ? problem + " [" + describe_float8(key, has_addend) + "]" : problem);
   if (found == 0 && float8)
     fail(ErrorKind::device, "cuBLASLt found no float8 algorithm for " + problem + " [" + describe_float8(key, has_addend) +
                                 "]; expected at least one (K and the leading dimensions multiples of 16, at most one "
-                                "e5m2 operand, bf16 or f32 out)");
+                                "e5m2 operand, bf16 or f32 out; block scales: fast accumulation off, at most one "
+                                "128x128-block operand)");
   if (found == 0)
     fail(ErrorKind::device, "cuBLASLt found no algorithm for " + problem +
                                 "; expected at least one. Check that the dtypes are supported together (bf16 or f32 "
@@ -195,6 +236,26 @@ std::unique_ptr<GemmPlan> build_plan(CudaContext& context, const GemmKey& key, c
                                 "leading dimensions multiples of 16)");
   plan->algorithm = result.algo;
   return plan;
+}
+
+// The float8 scaling pairs cuBLASLt runs on Hopper: tensorwise or rowwise on both operands, or
+// block scales (1x128 tiles on at least one side) with fast accumulation off.
+template <typename Reject>
+void check_float8_scalings(const GemmArgs& args, Reject&& reject) {
+  const bool blocks_a = is_block_scaling(args.scaling_a), blocks_b = is_block_scaling(args.scaling_b);
+  if (!blocks_a && !blocks_b) {
+    if (args.scaling_a == OperandScaling::none || args.scaling_a != args.scaling_b)
+      reject("expected the same tensorwise or rowwise scaling on both float8 operands, or block scalings on both");
+    return;
+  }
+  if (!blocks_a || !blocks_b)
+    reject("expected block scalings (tile_1x128 or block_128x128) on both float8 operands or on neither");
+  if (args.scaling_a == OperandScaling::block_128x128 && args.scaling_b == OperandScaling::block_128x128)
+    reject("expected at most one block_128x128 operand: cuBLASLt has no kernel with 128x128-block scales on both "
+           "(quantise the activation side in 1x128 tiles)");
+  if (args.fast_accumulation)
+    reject("expected fast_accumulation off with block scaling: cuBLASLt supports 1x128 / 128x128 scales only with "
+           "FAST_ACCUM = 0");
 }
 
 }  // namespace
@@ -223,13 +284,13 @@ void gemm(CudaContext& context, const GemmArgs& args) {
     if (args.a.dtype == DType::e5m2 && args.b.dtype == DType::e5m2) reject("expected at most one e5m2 operand");
     if (args.transpose_a || !args.transpose_b)
       reject("expected the float8 TN form out = a @ b^T (a and b both K-major); quantise the operand transposed");
-    if (args.scaling_a == OperandScaling::none || args.scaling_a != args.scaling_b)
-      reject("expected the same tensorwise or rowwise scaling on both float8 operands");
+    check_float8_scalings(args, reject);
     expect_device(args.scale_a, op, "scale_a");
     expect_device(args.scale_b, op, "scale_b");
-    const bool rowwise = args.scaling_a == OperandScaling::rowwise;
-    expect_numel(args.scale_a, rowwise ? rows : 1, op, "scale_a");
-    expect_numel(args.scale_b, rowwise ? cols : 1, op, "scale_b");
+    expect_dtype(args.scale_a, DType::f32, op, "scale_a");
+    expect_dtype(args.scale_b, DType::f32, op, "scale_b");
+    expect_numel(args.scale_a, scale_count(args.scaling_a, rows, inner), op, "scale_a");
+    expect_numel(args.scale_b, scale_count(args.scaling_b, cols, inner), op, "scale_b");
     if (args.out.dtype != DType::bf16 && args.out.dtype != DType::f32) reject("expected float8 GEMM out in bf16 or f32");
   } else {
     if (args.scaling_a != OperandScaling::none || args.scaling_b != OperandScaling::none)
@@ -249,22 +310,28 @@ void gemm(CudaContext& context, const GemmArgs& args) {
   const void* addend = args.accumulate ? args.out.data : (args.addend.empty() ? nullptr : args.addend.data);
   GemmKey key{cols, rows, inner, args.transpose_b, args.transpose_a, args.a.dtype, args.out.dtype,
               pointer_alignment({args.a.data, args.b.data, args.out.data, addend}), args.b.dtype,
-              float8 ? args.scaling_a : OperandScaling::none, float8 && args.fast_accumulation};
+              float8 ? args.scaling_b : OperandScaling::none, float8 ? args.scaling_a : OperandScaling::none,
+              float8 && args.fast_accumulation};
   // Float8: cuBLAS A is smelt's b (outer vector of N floats: one per row of b, i.e. per row of
-  // D^T), cuBLAS B is smelt's a (M floats). The reciprocals are written before the plan is built,
-  // since vector scale modes need real scale pointers during the heuristic.
-  const float* inverse_b = nullptr;
-  const float* inverse_a = nullptr;
-  if (float8) {
-    inverse_b = inverse_scales(context, args.scale_b, 0, problem);
-    inverse_a = inverse_scales(context, args.scale_a, 1, problem);
+  // D^T), cuBLAS B is smelt's a (M floats). Tensorwise and rowwise scales are inverted into the
+  // workspace first; block scales are already what cuBLASLt multiplies by and go in as they are.
+  // Either way the pointers exist before the plan is built: vector and block scale modes need
+  // real scale pointers during the heuristic.
+  const float* scale_cublas_a = nullptr;  // smelt b's
+  const float* scale_cublas_b = nullptr;  // smelt a's
+  if (float8 && is_block_scaling(args.scaling_a)) {
+    scale_cublas_a = args.scale_b.as<float>();
+    scale_cublas_b = args.scale_a.as<float>();
+  } else if (float8) {
+    scale_cublas_a = inverse_scales(context, args.scale_b, 0, problem);
+    scale_cublas_b = inverse_scales(context, args.scale_a, 1, problem);
   }
   auto& plans = static_cast<GemmCache*>(context.gemm_cache)->plans;
   auto found = plans.find(key);
   if (found == plans.end())
-    found = plans.emplace(key, build_plan(context, key, problem, inverse_b, inverse_a, addend != nullptr)).first;
+    found = plans.emplace(key, build_plan(context, key, problem, scale_cublas_a, scale_cublas_b, addend != nullptr)).first;
   const GemmPlan& plan = *found->second;
-  if (float8) set_scale_pointers(plan.operation, inverse_b, inverse_a, problem);
+  if (float8) set_scale_pointers(plan.operation, scale_cublas_a, scale_cublas_b, problem);
   const float alpha = 1.0f, beta = addend ? 1.0f : 0.0f;
   const cublasStatus_t status =
       cublasLtMatmul(context.cublas, plan.operation, &alpha, args.b.data, plan.a, args.a.data, plan.b, &beta,

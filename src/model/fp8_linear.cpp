@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/float8_blocks.h"
 #include "model/layer_graph.h"
 
 namespace smelt {
@@ -16,8 +17,9 @@ Float8Recipe parse_float8_recipe(const std::string& name) {
   if (name == "tensorwise") return Float8Recipe::tensorwise;
   if (name == "rowwise") return Float8Recipe::rowwise;
   if (name == "rowwise_with_gw_hp") return Float8Recipe::rowwise_with_gw_hp;
-  fail(ErrorKind::config, "float8.recipe: expected one of none, tensorwise, rowwise, rowwise_with_gw_hp, found '" +
-                              name + "'; blockwise is not implemented yet, pick one of the four");
+  if (name == "blockwise") return Float8Recipe::blockwise;
+  fail(ErrorKind::config, "float8.recipe: expected one of none, tensorwise, rowwise, rowwise_with_gw_hp, blockwise, "
+                          "found '" + name + "'");
 }
 
 std::string_view float8_recipe_name(Float8Recipe recipe) {
@@ -26,6 +28,7 @@ std::string_view float8_recipe_name(Float8Recipe recipe) {
     case Float8Recipe::tensorwise: return "tensorwise";
     case Float8Recipe::rowwise: return "rowwise";
     case Float8Recipe::rowwise_with_gw_hp: return "rowwise_with_gw_hp";
+    case Float8Recipe::blockwise: return "blockwise";
   }
   return "?";
 }
@@ -46,6 +49,13 @@ GemmCast float8_gemm_cast(Float8Recipe recipe, LinearGemm gemm) {
   SMELT_CHECK(float8_gemm_enabled(recipe, gemm), "float8_gemm_cast: recipe " + std::string(float8_recipe_name(recipe)) +
                                                      " runs this GEMM in the compute dtype");
   GemmCast cast;
+  if (recipe == Float8Recipe::blockwise) {  // activations and gradients in tiles, weights in blocks
+    const OperandCast tiles{DType::e4m3, OperandScaling::tile_1x128, false};
+    const OperandCast blocks{DType::e4m3, OperandScaling::block_128x128, false};
+    cast.a = tiles;  // x, dy, dy^T
+    cast.b = gemm == LinearGemm::grad_weight ? tiles : blocks;  // W, W^T, x^T
+    return cast;
+  }
   if (recipe == Float8Recipe::rowwise || recipe == Float8Recipe::rowwise_with_gw_hp) {
     const OperandCast rowwise{DType::e4m3, OperandScaling::rowwise, true};
     cast.a = cast.b = rowwise;
@@ -65,7 +75,9 @@ Float8ScratchSizes float8_scratch_sizes(const ModelConfig& model, int64_t tokens
                                         bool per_use_weights) {
   Float8ScratchSizes sizes;
   const bool grad_weight = float8_gemm_enabled(recipe, LinearGemm::grad_weight);
-  sizes.scales = tokens;
+  const GemmCast output = float8_gemm_cast(recipe, LinearGemm::output);
+  const GemmCast input = float8_gemm_cast(recipe, LinearGemm::grad_input);
+  sizes.scales = 1;
   for (LayerWeight w : {LayerWeight::wq, LayerWeight::wk, LayerWeight::wv, LayerWeight::wo, LayerWeight::w1,
                         LayerWeight::w3, LayerWeight::w2}) {
     const auto spec = layer_weight_spec(w, model);
@@ -77,7 +89,15 @@ Float8ScratchSizes float8_scratch_sizes(const ModelConfig& model, int64_t tokens
       sizes.input_transposed = std::max(sizes.input_transposed, tokens * in);
     }
     if (per_use_weights) sizes.weight = std::max(sizes.weight, out * in);
-    sizes.scales = std::max({sizes.scales, out, in});
+    sizes.scales = std::max({sizes.scales, operand_scale_count(output.a.scaling, tokens, in),
+                             operand_scale_count(input.a.scaling, tokens, out),
+                             operand_scale_count(output.b.scaling, out, in),
+                             operand_scale_count(input.b.scaling, in, out)});
+    if (grad_weight) {
+      const GemmCast weight = float8_gemm_cast(recipe, LinearGemm::grad_weight);
+      sizes.scales = std::max({sizes.scales, operand_scale_count(weight.a.scaling, out, tokens),
+                               operand_scale_count(weight.b.scaling, in, tokens)});
+    }
   }
   return sizes;
 }
@@ -151,26 +171,38 @@ Float8WeightLayout float8_weight_layout(const ModelConfig& model, Float8Recipe r
   return layout;
 }
 
+int64_t operand_scale_count(OperandScaling scaling, int64_t rows, int64_t cols) {
+  switch (scaling) {
+    case OperandScaling::none:
+    case OperandScaling::tensorwise: return 1;
+    case OperandScaling::rowwise: return rows;
+    case OperandScaling::tile_1x128: return tile_scale_count(rows, cols);
+    case OperandScaling::block_128x128: return block_scale_count(rows, cols);
+  }
+  return 1;
+}
+
 int64_t float8_weight_scale_count(Float8Recipe recipe, int64_t out, int64_t in) {
-  const bool rowwise = float8_gemm_cast(recipe, LinearGemm::output).b.scaling == OperandScaling::rowwise;
-  return rowwise ? out + in : 2;
+  const OperandScaling scaling = float8_gemm_cast(recipe, LinearGemm::output).b.scaling;
+  return operand_scale_count(scaling, out, in) + operand_scale_count(scaling, in, out);
 }
 
 Float8Weight float8_weight_views(Float8Recipe recipe, int64_t out, int64_t in, const TensorView& values,
                                  const TensorView& scales) {
   const OperandCast rows_cast = float8_gemm_cast(recipe, LinearGemm::output).b;
   const OperandCast transposed_cast = float8_gemm_cast(recipe, LinearGemm::grad_input).b;
-  const bool rowwise = rows_cast.scaling == OperandScaling::rowwise;
+  const int64_t rows_scales = operand_scale_count(rows_cast.scaling, out, in);
+  const int64_t transposed_scales = operand_scale_count(transposed_cast.scaling, in, out);
   SMELT_CHECK(values.numel() >= 2 * out * in && scales.numel() >= float8_weight_scale_count(recipe, out, in),
               "float8 weight copy views too small for (" + std::to_string(out) + ", " + std::to_string(in) + ")");
   auto* bytes = static_cast<uint8_t*>(values.data);
   auto* floats = static_cast<float*>(scales.data);
   Float8Weight w;
   w.rows.values = TensorView(bytes, rows_cast.dtype, Shape{out, in}, values.device);
-  w.rows.scale = TensorView(floats, DType::f32, Shape{rowwise ? out : 1}, scales.device);
+  w.rows.scale = TensorView(floats, DType::f32, Shape{rows_scales}, scales.device);
   w.rows.scaling = rows_cast.scaling;
   w.transposed.values = TensorView(bytes + out * in, transposed_cast.dtype, Shape{in, out}, values.device);
-  w.transposed.scale = TensorView(floats + (rowwise ? out : 1), DType::f32, Shape{rowwise ? in : 1}, scales.device);
+  w.transposed.scale = TensorView(floats + rows_scales, DType::f32, Shape{transposed_scales}, scales.device);
   w.transposed.scaling = transposed_cast.scaling;
   return w;
 }
@@ -181,6 +213,17 @@ void quantize_weight(Backend& backend, Float8Recipe recipe, const TensorView& we
   SMELT_CHECK(copy.rows.values.rows() == out && copy.rows.values.cols() == in,
               "quantize_weight: copy of " + copy.rows.values.str() + " for weight " + weight.str());
   const OperandCast cast = float8_gemm_cast(recipe, LinearGemm::output).b;
+  if (cast.scaling == OperandScaling::block_128x128) {  // each block's amax inside the one pass
+    BlockQuantizeArgs q;
+    q.src = weight;
+    q.dst = copy.rows.values;
+    q.scale = copy.rows.scale;
+    q.dst_transposed = copy.transposed.values;
+    q.scale_transposed = copy.transposed.scale;
+    q.weight_blocks = true;
+    backend.quantize_blocks(q);
+    return;
+  }
   const bool rowwise = cast.scaling == OperandScaling::rowwise;
   SMELT_CHECK(amax.numel() >= (rowwise ? out : 1) && amax_transposed.numel() >= (rowwise ? in : 1),
               "quantize_weight: amax scratch too small for " + weight.str());
@@ -207,6 +250,10 @@ void quantize_weight(Backend& backend, Float8Recipe recipe, const TensorView& we
 
 namespace {
 
+bool is_block_scaling(OperandScaling scaling) {
+  return scaling == OperandScaling::tile_1x128 || scaling == OperandScaling::block_128x128;
+}
+
 TensorView prefix(const TensorView& buffer, DType dtype, Shape shape) {
   SMELT_CHECK(buffer.numel() * int64_t(dtype_size(buffer.dtype)) >= shape.numel() * int64_t(dtype_size(dtype)),
               "float8 scratch " + buffer.str() + " smaller than the operand; size it with float8_scratch_sizes");
@@ -221,7 +268,7 @@ namespace {
 QuantizedOperand slot_operand(const TensorView& source, bool transpose, const OperandCast& cast, const Float8Slot& slot) {
   const int64_t rows = transpose ? source.cols() : source.rows();
   const int64_t cols = transpose ? source.rows() : source.cols();
-  const int64_t scale_count = cast.scaling == OperandScaling::rowwise ? rows : 1;
+  const int64_t scale_count = operand_scale_count(cast.scaling, rows, cols);
   return {prefix(slot.values, cast.dtype, Shape{rows, cols}), prefix(slot.scale, DType::f32, Shape{scale_count}),
           cast.scaling};
 }
@@ -237,6 +284,15 @@ QuantizedOperand quantize_operand(Backend& backend, const TensorView& source, bo
                                   const Float8Slot& slot) {
   const bool rowwise = cast.scaling == OperandScaling::rowwise;
   const QuantizedOperand q = slot_operand(source, transpose, cast, slot);
+  if (is_block_scaling(cast.scaling)) {  // one pass: each tile's amax, scale and codes
+    BlockQuantizeArgs blocks;
+    blocks.src = source;
+    (transpose ? blocks.dst_transposed : blocks.dst) = q.values;
+    (transpose ? blocks.scale_transposed : blocks.scale) = q.scale;
+    blocks.weight_blocks = cast.scaling == OperandScaling::block_128x128;
+    backend.quantize_blocks(blocks);
+    return q;
+  }
   const TensorView amax = prefix(slot.amax, DType::f32, Shape{q.scale.numel()});
   AmaxArgs amax_args;
   amax_args.x = source;
@@ -311,41 +367,56 @@ void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8S
   const bool float8_grad_weight = float8_gemm_enabled(recipe, LinearGemm::grad_weight);
   const OperandCast dy_cast = input_cast.a;
   const bool rowwise = dy_cast.scaling == OperandScaling::rowwise;
-
-  // dy, read twice: one amax pass (per row and, for dy^T, per column when rowwise), then one
-  // cast pass writing dy (N, out) and, when the grad-weight GEMM is in float8, dy^T (out, N).
-  QuantizedOperand dy{prefix(scratch.activation.values, dy_cast.dtype, Shape{tokens, out}),
-                      prefix(scratch.activation.scale, DType::f32, Shape{rowwise ? tokens : 1}), dy_cast.scaling};
-  const TensorView dy_amax = prefix(scratch.activation.amax, DType::f32, Shape{rowwise ? tokens : 1});
-  QuantizedOperand dy_transposed;
-  TensorView dy_transposed_amax;
-  AmaxArgs amax;
-  amax.x = grad_output;
-  amax.amax = dy_amax;
-  amax.rowwise = rowwise;
-  QuantizeArgs cast;
-  cast.src = grad_output;
-  cast.dst = dy.values;
-  cast.scale = dy.scale;
-  cast.amax = dy_amax;
-  cast.rowwise = rowwise;
-  cast.round_scale_to_power_of_two = dy_cast.round_scale_to_power_of_two;
-  if (float8_grad_weight) {
-    const OperandCast dy_t_cast = float8_gemm_cast(recipe, LinearGemm::grad_weight).a;
-    SMELT_CHECK(dy_t_cast.scaling == dy_cast.scaling && dy_t_cast.round_scale_to_power_of_two ==
-                                                            dy_cast.round_scale_to_power_of_two,
-                "float8 recipe casts dy and dy^T with different scalings; quantise them separately");
-    dy_transposed = {prefix(scratch.activation_transposed.values, dy_t_cast.dtype, Shape{out, tokens}),
-                     prefix(scratch.activation_transposed.scale, DType::f32, Shape{rowwise ? out : 1}),
-                     dy_t_cast.scaling};
-    dy_transposed_amax = rowwise ? prefix(scratch.activation_transposed.amax, DType::f32, Shape{out}) : dy_amax;
-    if (rowwise) amax.column_amax = dy_transposed_amax;
-    cast.dst_transposed = dy_transposed.values;
-    cast.amax_transposed = dy_transposed_amax;
-    cast.scale_transposed = dy_transposed.scale;
+  QuantizedOperand dy, dy_transposed;
+  if (is_block_scaling(dy_cast.scaling)) {
+    // One pass: dy (N, out) in tiles along out and dy^T (out, N) in tiles along N.
+    dy = slot_operand(grad_output, false, dy_cast, scratch.activation);
+    BlockQuantizeArgs blocks;
+    blocks.src = grad_output;
+    blocks.dst = dy.values;
+    blocks.scale = dy.scale;
+    if (float8_grad_weight) {
+      dy_transposed = slot_operand(grad_output, true, float8_gemm_cast(recipe, LinearGemm::grad_weight).a,
+                                   scratch.activation_transposed);
+      blocks.dst_transposed = dy_transposed.values;
+      blocks.scale_transposed = dy_transposed.scale;
+    }
+    backend.quantize_blocks(blocks);
+  } else {
+    // dy, read twice: one amax pass (per row and, for dy^T, per column when rowwise), then one
+    // cast pass writing dy (N, out) and, when the grad-weight GEMM is in float8, dy^T (out, N).
+    dy = {prefix(scratch.activation.values, dy_cast.dtype, Shape{tokens, out}),
+          prefix(scratch.activation.scale, DType::f32, Shape{rowwise ? tokens : 1}), dy_cast.scaling};
+    const TensorView dy_amax = prefix(scratch.activation.amax, DType::f32, Shape{rowwise ? tokens : 1});
+    TensorView dy_transposed_amax;
+    AmaxArgs amax;
+    amax.x = grad_output;
+    amax.amax = dy_amax;
+    amax.rowwise = rowwise;
+    QuantizeArgs cast;
+    cast.src = grad_output;
+    cast.dst = dy.values;
+    cast.scale = dy.scale;
+    cast.amax = dy_amax;
+    cast.rowwise = rowwise;
+    cast.round_scale_to_power_of_two = dy_cast.round_scale_to_power_of_two;
+    if (float8_grad_weight) {
+      const OperandCast dy_t_cast = float8_gemm_cast(recipe, LinearGemm::grad_weight).a;
+      SMELT_CHECK(dy_t_cast.scaling == dy_cast.scaling && dy_t_cast.round_scale_to_power_of_two ==
+                                                              dy_cast.round_scale_to_power_of_two,
+                  "float8 recipe casts dy and dy^T with different scalings; quantise them separately");
+      dy_transposed = {prefix(scratch.activation_transposed.values, dy_t_cast.dtype, Shape{out, tokens}),
+                       prefix(scratch.activation_transposed.scale, DType::f32, Shape{rowwise ? out : 1}),
+                       dy_t_cast.scaling};
+      dy_transposed_amax = rowwise ? prefix(scratch.activation_transposed.amax, DType::f32, Shape{out}) : dy_amax;
+      if (rowwise) amax.column_amax = dy_transposed_amax;
+      cast.dst_transposed = dy_transposed.values;
+      cast.amax_transposed = dy_transposed_amax;
+      cast.scale_transposed = dy_transposed.scale;
+    }
+    backend.amax(amax);
+    backend.quantize(cast);
   }
-  backend.amax(amax);
-  backend.quantize(cast);
 
   // dx (N, in) = dy (N, out) @ (W^T (in, out))^T: K = out, so W is used transposed.
   const QuantizedOperand w_transposed =

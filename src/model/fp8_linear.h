@@ -17,11 +17,14 @@ namespace smelt {
 
 // torchao's recipes: tensorwise (dynamic per-tensor scales; inputs and weights e4m3,
 // gradients e5m2), rowwise (a scale per row of the reduction dimension, e4m3 everywhere,
-// scales rounded down to powers of two) and rowwise_with_gw_hp (rowwise for the output and
-// grad-input GEMMs, the grad-weight GEMM in the compute dtype).
-enum class Float8Recipe : uint8_t { none, tensorwise, rowwise, rowwise_with_gw_hp };
+// scales rounded down to powers of two), rowwise_with_gw_hp (rowwise for the output and
+// grad-input GEMMs, the grad-weight GEMM in the compute dtype) and DeepSeek-V3's blockwise
+// (e4m3 everywhere; activations and gradients in 1x128 tiles along K, weights in 128x128
+// blocks, fp32 scales: core/float8_blocks.h; no fast accumulation).
+enum class Float8Recipe : uint8_t { none, tensorwise, rowwise, rowwise_with_gw_hp, blockwise };
 
-// "none", "tensorwise", "rowwise", "rowwise_with_gw_hp"; any other name fails (ErrorKind::config) listing these.
+// "none", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise"; any other name fails
+// (ErrorKind::config) listing these.
 Float8Recipe parse_float8_recipe(const std::string& name);
 std::string_view float8_recipe_name(Float8Recipe recipe);
 
@@ -56,7 +59,10 @@ struct GemmCast {
 bool float8_gemm_enabled(Float8Recipe recipe, LinearGemm gemm);
 GemmCast float8_gemm_cast(Float8Recipe recipe, LinearGemm gemm);
 
-// One quantised GEMM operand: `values` (rows, K) float8, `scale` (1) or (rows) f32.
+// How many scales an operand of (rows, K) has under `scaling`: 1, rows, or its tiles / blocks.
+int64_t operand_scale_count(OperandScaling scaling, int64_t rows, int64_t cols);
+
+// One quantised GEMM operand: `values` (rows, K) float8, `scale` f32 (operand_scale_count).
 struct QuantizedOperand {
   TensorView values, scale;
   OperandScaling scaling = OperandScaling::tensorwise;
@@ -64,7 +70,8 @@ struct QuantizedOperand {
 
 // A weight W (out, in) in float8 for one step: `rows` is W itself (K = in, the output GEMM's b),
 // `transposed` is W^T (in, out) (K = out, the grad-input GEMM's b). Tensorwise: one scale, the
-// same in both; rowwise: one per row of each.
+// same in both; rowwise: one per row of each; blockwise: one per 128x128 block of each (the
+// same blocks, transposed).
 struct Float8Weight {
   QuantizedOperand rows, transposed;
   bool empty() const { return rows.values.empty(); }
@@ -88,7 +95,7 @@ struct Float8Scratch {
 // the weight slots are needed (no planned float8 weight copies).
 struct Float8ScratchSizes {
   int64_t activation = 0, activation_transposed = 0, input_transposed = 0, weight = 0;  // bytes
-  int64_t scales = 0;  // floats per amax / scale view: the most rows any operand has
+  int64_t scales = 0;  // floats per amax / scale view: the most scales any operand has
 };
 Float8ScratchSizes float8_scratch_sizes(const ModelConfig& model, int64_t tokens, Float8Recipe recipe,
                                         bool per_use_weights);

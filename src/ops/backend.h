@@ -57,6 +57,7 @@ class Backend {
   virtual void convert(const ConvertArgs& args) = 0;
   virtual void amax(const AmaxArgs& args) = 0;
   virtual void quantize(const QuantizeArgs& args) = 0;
+  virtual void quantize_blocks(const BlockQuantizeArgs& args) = 0;
   virtual void dequantize(const DequantizeArgs& args) = 0;
   virtual void scale_from_amax(const ScaleFromAmaxArgs& args) = 0;
 

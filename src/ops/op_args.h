@@ -11,8 +11,10 @@
 
 namespace smelt {
 
-// Scaling of a float8 GEMM operand (float8 issue); `none` for bf16/f32 operands.
-enum class OperandScaling : uint8_t { none, tensorwise, rowwise };
+// Scaling of a float8 GEMM operand (float8 issue); `none` for bf16/f32 operands. tensorwise and
+// rowwise scales are quantisation factors (code = value * scale); the block scalings
+// (blockwise recipe) hold dequantisation factors laid out as core/float8_blocks.h says.
+enum class OperandScaling : uint8_t { none, tensorwise, rowwise, tile_1x128, block_128x128 };
 
 // out = op(a) @ op(b) (+ addend) with op(x) = x or x^T, row-major.
 // Linear layer forward: a = x (N, in), b = W (out, in), transpose_b = true.
@@ -26,7 +28,7 @@ struct GemmArgs {
   TensorView out;
   TensorView addend;        // optional, same shape as out (may alias out): out = a@b + addend
   bool accumulate = false;  // out += a@b (same as addend = out)
-  // float8 operands: scale to multiply each dequantized operand by (f32 scalar or per-row vector).
+  // float8 operands: their scales (f32: one, one per row, or per tile / block; see OperandScaling).
   TensorView scale_a, scale_b;
   OperandScaling scaling_a = OperandScaling::none, scaling_b = OperandScaling::none;
   bool fast_accumulation = false;
@@ -196,6 +198,20 @@ struct ScaleFromAmaxArgs {
   TensorView scale;    // (n) f32
   DType format = DType::e4m3;  // the float8 dtype amax is mapped onto: e4m3 (448) or e5m2 (57344)
   bool round_to_power_of_two = false;
+};
+
+// Block-scaled quantisation (the blockwise recipe), one read of src for up to two outputs, each
+// amax taken and each scale computed inside the kernel (core/float8_blocks.h):
+//   weight_blocks = false (activations): dst (rows, cols) in 1x128 tiles along cols, and
+//     dst_transposed = src^T (cols, rows) in 1x128 tiles along rows (src's 128x1 tiles);
+//   weight_blocks = true (weights): 128x128 blocks; dst_transposed's blocks are dst's
+//     transposed, with the same scales (the scale grid transposed).
+// Either output may be empty (not both). Scales are dequantisation factors (f32).
+struct BlockQuantizeArgs {
+  TensorView src;                            // (rows, cols) f32 / bf16
+  TensorView dst, scale;                     // (rows, cols) e4m3 / e5m2; its scales
+  TensorView dst_transposed, scale_transposed;  // (cols, rows) e4m3 / e5m2; its scales
+  bool weight_blocks = false;
 };
 
 struct DequantizeArgs {

@@ -1,7 +1,7 @@
 // Float8 linears on the GPU against the CPU emulation: the float8 weight copies, every quantised
 // activation operand (dy, dy^T, x^T) and their scales bit-identical, and the outputs of the GEMMs
 // (cuBLASLt float8, tensorwise and outer-vector scales, with and without a residual addend and an
-// accumulated grad-input) within accumulation-order tolerance. Each recipe runs with weights
+// accumulated grad-input; block scales for blockwise) within accumulation-order tolerance. Each recipe runs with weights
 // quantised once (planned copies) and per use (as sharded plans do), and the weight copies
 // quantised from an f32 master.
 #include <algorithm>
@@ -27,45 +27,51 @@ class CudaFloat8LinearTest : public CudaOpsTest {
     return host;
   }
 
-  void check(Float8Recipe recipe, bool weight_copies, bool residual) {
+  void check(Float8Recipe recipe, bool weight_copies, bool residual, int64_t tokens = kTokens, int64_t in = kIn,
+             int64_t out = kOut) {
     const std::string what = std::string(float8_recipe_name(recipe)) +
                              (weight_copies ? ", weight copies" : ", weights per use") +
                              (residual ? ", residual addend and accumulated dx" : "");
     SCOPED_TRACE(what);
-    const bool rowwise = recipe != Float8Recipe::tensorwise;
+    const bool tensorwise = recipe == Float8Recipe::tensorwise;
     const bool float8_grad_weight = float8_gemm_enabled(recipe, LinearGemm::grad_weight);
+    const GemmCast output_cast = float8_gemm_cast(recipe, LinearGemm::output);
+    const GemmCast input_cast = float8_gemm_cast(recipe, LinearGemm::grad_input);
+    const OperandScaling tiles = input_cast.a.scaling, weights = output_cast.b.scaling;
     Float8ScratchSizes sizes;
-    sizes.activation = kTokens * std::max(kIn, kOut);
-    sizes.activation_transposed = float8_grad_weight ? kTokens * kOut : 0;
-    sizes.input_transposed = float8_grad_weight ? kTokens * kIn : 0;
-    sizes.weight = weight_copies ? 0 : kOut * kIn;
-    sizes.scales = std::max({kTokens, kIn, kOut});
+    sizes.activation = tokens * std::max(in, out);
+    sizes.activation_transposed = float8_grad_weight ? tokens * out : 0;
+    sizes.input_transposed = float8_grad_weight ? tokens * in : 0;
+    sizes.weight = weight_copies ? 0 : out * in;
+    sizes.scales = std::max({tokens, in, out, operand_scale_count(tiles, tokens, std::max(in, out)),
+                             operand_scale_count(tiles, std::max(in, out), tokens),
+                             operand_scale_count(weights, out, in), operand_scale_count(weights, in, out)});
     const Shape value_shape{float8_scratch_value_bytes(sizes)};
     const Shape statistic_shape{float8_scratch_statistic_floats(sizes)};
-    const int64_t weight_scales = float8_weight_scale_count(recipe, kOut, kIn);
+    const int64_t weight_scales = float8_weight_scale_count(recipe, out, in);
 
-    HostTensor x = random_tensor(DType::bf16, Shape{kTokens, kIn}, 11, 2.0);
-    HostTensor weight = random_tensor(DType::bf16, Shape{kOut, kIn}, 12, 0.1);
-    HostTensor grad_output = random_tensor(DType::bf16, Shape{kTokens, kOut}, 13, 1e-3);
-    HostTensor addend = random_tensor(DType::bf16, Shape{kTokens, kOut}, 14, 1.0);
-    HostTensor dx_start = random_tensor(DType::bf16, Shape{kTokens, kIn}, 15, 1e-3);
+    HostTensor x = random_tensor(DType::bf16, Shape{tokens, in}, 11, 2.0);
+    HostTensor weight = random_tensor(DType::bf16, Shape{out, in}, 12, 0.1);
+    HostTensor grad_output = random_tensor(DType::bf16, Shape{tokens, out}, 13, 1e-3);
+    HostTensor addend = random_tensor(DType::bf16, Shape{tokens, out}, 14, 1.0);
+    HostTensor dx_start = random_tensor(DType::bf16, Shape{tokens, in}, 15, 1e-3);
 
     // CPU emulation. Byte buffers start as 0x7F, like the device's poisoned ones, so whole
     // buffers compare bit for bit.
     HostTensor cpu_values(DType::e4m3, value_shape), cpu_statistics = nan_tensor(DType::f32, statistic_shape);
     std::memset(cpu_values.view.data, 0x7F, cpu_values.view.bytes());
-    HostTensor cpu_copy(DType::e4m3, Shape{2 * kOut * kIn}), cpu_copy_scales = nan_tensor(DType::f32, Shape{weight_scales});
+    HostTensor cpu_copy(DType::e4m3, Shape{2 * out * in}), cpu_copy_scales = nan_tensor(DType::f32, Shape{weight_scales});
     std::memset(cpu_copy.view.data, 0x7F, cpu_copy.view.bytes());
     HostTensor cpu_input_amax = nan_tensor(DType::f32, Shape{1});
-    HostTensor cpu_y(DType::bf16, Shape{kTokens, kOut}), cpu_dx = dx_start, cpu_dw(DType::f32, Shape{kOut, kIn});
+    HostTensor cpu_y(DType::bf16, Shape{tokens, out}), cpu_dx = dx_start, cpu_dw(DType::f32, Shape{out, in});
     const Float8Scratch cpu_scratch = float8_scratch_views(sizes, cpu_values.view, cpu_statistics.view);
     Float8LinearState cpu_state;
     if (weight_copies) {
-      cpu_state.weight = float8_weight_views(recipe, kOut, kIn, cpu_copy.view, cpu_copy_scales.view);
+      cpu_state.weight = float8_weight_views(recipe, out, in, cpu_copy.view, cpu_copy_scales.view);
       quantize_weight(*cpu_, recipe, weight.view, cpu_state.weight, cpu_scratch.activation.amax,
                       cpu_scratch.activation_transposed.amax);
     }
-    if (!rowwise) cpu_state.input_amax = cpu_input_amax.view;
+    if (tensorwise) cpu_state.input_amax = cpu_input_amax.view;
     float8_linear_forward(*cpu_, recipe, cpu_scratch, cpu_state, x.view, weight.view, cpu_y.view,
                           residual ? addend.view : TensorView());
     float8_linear_backward(*cpu_, recipe, cpu_scratch, cpu_state, x.view, weight.view, grad_output.view, cpu_dx.view,
@@ -73,19 +79,19 @@ class CudaFloat8LinearTest : public CudaOpsTest {
 
     // CUDA.
     const TensorView values = poisoned(DType::e4m3, value_shape), statistics = poisoned(DType::f32, statistic_shape);
-    const TensorView copy = poisoned(DType::e4m3, Shape{2 * kOut * kIn});
+    const TensorView copy = poisoned(DType::e4m3, Shape{2 * out * in});
     const TensorView copy_scales = poisoned(DType::f32, Shape{weight_scales});
     const Float8Scratch scratch = float8_scratch_views(sizes, values, statistics);
     Float8LinearState state;
     TensorView device_x = upload(x), device_weight = upload(weight), device_grad = upload(grad_output);
     if (weight_copies) {
-      state.weight = float8_weight_views(recipe, kOut, kIn, copy, copy_scales);
+      state.weight = float8_weight_views(recipe, out, in, copy, copy_scales);
       quantize_weight(*cuda_, recipe, device_weight, state.weight, scratch.activation.amax,
                       scratch.activation_transposed.amax);
     }
-    if (!rowwise) state.input_amax = poisoned(DType::f32, Shape{1});
-    TensorView y = poisoned(DType::bf16, Shape{kTokens, kOut}), dx = upload(dx_start);
-    TensorView dw = poisoned(DType::f32, Shape{kOut, kIn});
+    if (tensorwise) state.input_amax = poisoned(DType::f32, Shape{1});
+    TensorView y = poisoned(DType::bf16, Shape{tokens, out}), dx = upload(dx_start);
+    TensorView dw = poisoned(DType::f32, Shape{out, in});
     float8_linear_forward(*cuda_, recipe, scratch, state, device_x, device_weight, y,
                           residual ? upload(addend) : TensorView());
     float8_linear_backward(*cuda_, recipe, scratch, state, device_x, device_weight, device_grad, dx, residual, dw);
@@ -100,16 +106,19 @@ class CudaFloat8LinearTest : public CudaOpsTest {
     auto expect_scales = [&](const Float8Slot& cpu_slot, const Float8Slot& slot, int64_t count, const char* name) {
       expect_bits_equal(prefix(cpu_slot.scale, count), prefix(slot.scale, count), name);
     };
-    expect_scales(cpu_scratch.activation, scratch.activation, rowwise ? kTokens : 1, "dy scales");
+    expect_scales(cpu_scratch.activation, scratch.activation, operand_scale_count(tiles, tokens, out), "dy scales");
     if (float8_grad_weight) {
-      expect_scales(cpu_scratch.activation_transposed, scratch.activation_transposed, rowwise ? kOut : 1, "dy^T scales");
-      expect_scales(cpu_scratch.input_transposed, scratch.input_transposed, rowwise ? kIn : 1, "x^T scales");
+      expect_scales(cpu_scratch.activation_transposed, scratch.activation_transposed,
+                    operand_scale_count(tiles, out, tokens), "dy^T scales");
+      expect_scales(cpu_scratch.input_transposed, scratch.input_transposed, operand_scale_count(tiles, in, tokens),
+                    "x^T scales");
     }
     if (!weight_copies) {
-      expect_scales(cpu_scratch.weight, scratch.weight, rowwise ? kOut : 1, "per-use W scales");
-      expect_scales(cpu_scratch.weight_transposed, scratch.weight_transposed, rowwise ? kIn : 1, "per-use W^T scales");
+      expect_scales(cpu_scratch.weight, scratch.weight, operand_scale_count(weights, out, in), "per-use W scales");
+      expect_scales(cpu_scratch.weight_transposed, scratch.weight_transposed, operand_scale_count(weights, in, out),
+                    "per-use W^T scales");
     }
-    if (!rowwise) expect_bits_equal(cpu_input_amax, download(state.input_amax), "saved input amax");
+    if (tensorwise) expect_bits_equal(cpu_input_amax, download(state.input_amax), "saved input amax");
     // Same operands, so only the summation order (and fast accumulation) differs.
     expect_close(cpu_y, download(y), 1e-2, "y");
     expect_close(cpu_dx, download(dx), 1e-2, "dx");
@@ -119,6 +128,13 @@ class CudaFloat8LinearTest : public CudaOpsTest {
 
 TEST_F(CudaFloat8LinearTest, TensorwiseMatchesTheCpuEmulation) { check(Float8Recipe::tensorwise, true, false); }
 TEST_F(CudaFloat8LinearTest, RowwiseMatchesTheCpuEmulation) { check(Float8Recipe::rowwise, true, false); }
+// Blockwise on shapes with several tiles and blocks per operand and partial ones at the edges
+// (tokens 320, in 384 = 3 tiles: the block scale grid's padded stride; out 208).
+TEST_F(CudaFloat8LinearTest, BlockwiseMatchesTheCpuEmulation) {
+  for (bool copies : {true, false})
+    for (bool residual : {false, true}) check(Float8Recipe::blockwise, copies, residual, 320, 384, 208);
+  check(Float8Recipe::blockwise, true, false);
+}
 TEST_F(CudaFloat8LinearTest, RowwiseWithHighPrecisionGradWeightMatchesTheCpuEmulation) {
   check(Float8Recipe::rowwise_with_gw_hp, true, false);
 }
@@ -138,7 +154,8 @@ TEST_F(CudaFloat8LinearTest, ResidualAddendAndAccumulatedGradInputMatchTheCpuEmu
 // so a kernel that rounded through bf16 would be caught.
 TEST_F(CudaFloat8LinearTest, WeightCopiesFromAnF32MasterMatchTheCpuEmulation) {
   const std::array<std::array<int64_t, 2>, 3> shapes{{{kOut, kIn}, {256, 512}, {40, 72}}};
-  for (Float8Recipe recipe : {Float8Recipe::tensorwise, Float8Recipe::rowwise, Float8Recipe::rowwise_with_gw_hp})
+  for (Float8Recipe recipe : {Float8Recipe::tensorwise, Float8Recipe::rowwise, Float8Recipe::rowwise_with_gw_hp,
+                              Float8Recipe::blockwise})
     for (const auto& [out, in] : shapes) {
       SCOPED_TRACE(std::string(float8_recipe_name(recipe)) + " (" + std::to_string(out) + ", " + std::to_string(in) + ")");
       HostTensor weight = random_tensor(DType::f32, Shape{out, in}, 21 + uint64_t(out), 0.05);

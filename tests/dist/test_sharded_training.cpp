@@ -136,6 +136,7 @@ const Scenario kScenarios[] = {
     {"bf16 selective-op", {.policy = "selective-op", .compute = DType::bf16}},
     {"f32 bf16-reduce", {.policy = "none", .reduce = DType::bf16}},
     {"bf16 fp8-tensorwise", {.policy = "selective-op", .compute = DType::bf16, .float8 = Float8Recipe::tensorwise}},
+    {"bf16 fp8-blockwise", {.policy = "selective-op", .compute = DType::bf16, .float8 = Float8Recipe::blockwise}},
     {"f64 none kept", {.policy = "none", .compute = DType::f64, .reshard_after_forward = false}},
     {"f32 selective-op kept", {.policy = "selective-op", .reshard_after_forward = false}},
     {"bf16 full kept", {.policy = "full", .compute = DType::bf16, .reshard_after_forward = false}},

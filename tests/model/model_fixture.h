@@ -2,6 +2,7 @@
 // whole-model tests: gradients, policy equivalence, allocation counts.
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/random.h"
@@ -51,6 +52,17 @@ struct TinyRun {
     w.compute_dtype = compute;
     o.backend_workspace_bytes = backend->workspace_bytes(w);
     plan = build_step_plan(model, o);
+    executor = std::make_unique<Executor>(plan, *backend);
+  }
+
+  // Plans and builds the executor again with float8 linears (those named in `filters` stay in
+  // the compute dtype).
+  void use_float8(Float8Recipe recipe, std::vector<std::string> filters = {"output"}) {
+    PlanOptions options = plan.options;
+    options.float8.recipe = recipe;
+    options.float8.filter_fqns = std::move(filters);
+    executor.reset();
+    plan = build_step_plan(plan.model, options);
     executor = std::make_unique<Executor>(plan, *backend);
   }
 

@@ -36,12 +36,7 @@ void widen_compute_copy(TinyRun& run) {
 }
 
 void use_float8(TinyRun& run, Float8Recipe recipe) {
-  PlanOptions options = run.plan.options;
-  options.float8.recipe = recipe;
-  options.float8.filter_fqns = {"output", "layers.1.feed_forward.w2"};  // one block linear stays bf16
-  run.executor.reset();
-  run.plan = build_step_plan(run.plan.model, options);
-  run.executor = std::make_unique<Executor>(run.plan, *run.backend);
+  run.use_float8(recipe, {"output", "layers.1.feed_forward.w2"});  // one block linear stays bf16
 }
 
 // Every parameter with a copy: the copy holds its master weights rounded to bf16.

@@ -89,6 +89,11 @@ TEST(Float8InputReuse, RowwiseSameTrainingEveryPolicy) {
     EXPECT_GT(expect_same_training(Float8Recipe::rowwise, policy, kOutputOnly), 0) << policy;
 }
 
+TEST(Float8InputReuse, BlockwiseSameTrainingEveryPolicy) {
+  for (const char* policy : {"none", "selective-op", "full"})
+    EXPECT_GT(expect_same_training(Float8Recipe::blockwise, policy, kLayer1KeyInBf16), 0) << policy;
+}
+
 TEST(Float8InputReuse, RowwiseWithHighPrecisionGradWeightSameTraining) {
   EXPECT_GT(expect_same_training(Float8Recipe::rowwise_with_gw_hp, "selective-op", kLayer1KeyInBf16), 0);
 }
@@ -100,6 +105,7 @@ TEST(Float8InputReuse, ReusesAsOftenAsTheLayerGraphAllows) {
   EXPECT_EQ(expect_same_training(Float8Recipe::tensorwise, "none", kOutputOnly), kSteps * (6 + 6));
   EXPECT_EQ(expect_same_training(Float8Recipe::tensorwise, "none", kLayer1KeyInBf16), kSteps * (6 + 2));
   EXPECT_EQ(expect_same_training(Float8Recipe::rowwise, "none", kLayer1KeyInBf16), kSteps * (6 + 2));
+  EXPECT_EQ(expect_same_training(Float8Recipe::blockwise, "none", kOutputOnly), kSteps * (6 + 6));
   EXPECT_EQ(expect_same_training(Float8Recipe::rowwise_with_gw_hp, "none", kLayer1KeyInBf16), kSteps * (3 + 1));
 }
 
