@@ -122,7 +122,10 @@ class CudaFloat8LinearTest : public CudaOpsTest {
     // Same operands, so only the summation order (and fast accumulation) differs.
     expect_close(cpu_y, download(y), 1e-2, "y");
     expect_close(cpu_dx, download(dx), 1e-2, "dx");
-    expect_close(cpu_dw, download(dw), float8_grad_weight ? 1e-4 : 1e-3, "dW");
+    // f32 dW: float8 GEMMs agree to 1e-4; cuBLASLt's block-scaled kernels add each 128-wide K
+    // block's partial sum into the accumulator with its scales, which measured 1.2e-4 here.
+    const double dw_tolerance = !float8_grad_weight ? 1e-3 : recipe == Float8Recipe::blockwise ? 5e-4 : 1e-4;
+    expect_close(cpu_dw, download(dw), dw_tolerance, "dW");
   }
 };
 
