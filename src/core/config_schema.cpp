@@ -217,7 +217,8 @@ std::vector<ConfigField> config_schema() {
            "which GEMMs run in float8, with which scaling",
            one_of({"none", "tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise"})),
       bind("float8", "filter_fqns", &C::float8, &Float8Section::filter_fqns,
-           "linear layers (by name) kept out of float8"),
+           "linear layers (by name) kept out of float8; \"auto_filter_small_kn\" also keeps those too small to "
+           "gain (torchao's size thresholds per recipe)"),
       bind("float8", "fusion", &C::float8, &Float8Section::fusion,
            "full: quantisation fused into the kernels that produce each input (not implemented yet: runs as "
            "linear); linear: standalone cast kernels inside the float8 linears (one input read by consecutive "

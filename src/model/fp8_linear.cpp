@@ -40,6 +40,22 @@ bool float8_linear_enabled(const Float8Options& options, const std::string& fqn)
   return true;
 }
 
+bool float8_gains_on_shape(Float8Recipe recipe, int64_t out, int64_t in) {
+  if (out % 16 != 0 || in % 16 != 0) return false;  // cuBLASLt's float8 kernels need both
+  if (recipe == Float8Recipe::tensorwise) return !(out <= 4096 && in <= 1024);
+  return !(in <= 2048 || out <= 1024 || (in <= 4096 && out <= 2048));
+}
+
+bool float8_linear_enabled(const Float8Options& options, const ModelConfig& model, int64_t layer, LayerWeight weight) {
+  if (!float8_linear_enabled(options, "layers." + std::to_string(layer) + "." + std::string(layer_weight_name(weight))))
+    return false;
+  const bool automatic = std::find(options.filter_fqns.begin(), options.filter_fqns.end(), kFloat8AutoFilter) !=
+                         options.filter_fqns.end();
+  if (!automatic) return true;
+  const auto spec = layer_weight_spec(weight, model);
+  return float8_gains_on_shape(options.recipe, spec.dims[0], spec.dims[1]);
+}
+
 bool float8_gemm_enabled(Float8Recipe recipe, LinearGemm gemm) {
   if (recipe == Float8Recipe::none) return false;
   return !(recipe == Float8Recipe::rowwise_with_gw_hp && gemm == LinearGemm::grad_weight);

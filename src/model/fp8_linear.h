@@ -35,8 +35,19 @@ struct Float8Options {
   std::vector<std::string> filter_fqns = {"output"};
 };
 
-// True when the linear named `fqn` runs in float8 under `options`.
+// The filter_fqns entry that turns on the size filter (torchtitan's name for it).
+inline constexpr std::string_view kFloat8AutoFilter = "auto_filter_small_kn";
+
+// True when the linear named `fqn` runs in float8 under `options` (its name alone).
 bool float8_linear_enabled(const Float8Options& options, const std::string& fqn);
+// True when block linear `weight` of `layer` runs in float8: its name passes the filters and,
+// when filter_fqns holds "auto_filter_small_kn", its shape is one float8 gains on. That rule
+// (torchao's thresholds, W (out, in)): both dimensions multiples of 16; tensorwise keeps in
+// bf16 a linear with out <= 4096 and in <= 1024; the other recipes one with in <= 2048, or
+// out <= 1024, or in <= 4096 and out <= 2048.
+bool float8_linear_enabled(const Float8Options& options, const ModelConfig& model, int64_t layer, LayerWeight weight);
+// The shape rule alone.
+bool float8_gains_on_shape(Float8Recipe recipe, int64_t out, int64_t in);
 
 // The three GEMMs of a linear y = x W^T: output (y = x W^T), grad-input (dx = dy W) and
 // grad-weight (dW = dy^T x).

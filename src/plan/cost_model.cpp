@@ -194,7 +194,7 @@ Float8Weights float8_weights(const ModelConfig& m, const PlanOptions& o) {
     for (int w = 0; w < kLayerWeightCount; ++w) {
       const auto weight = static_cast<LayerWeight>(w);
       if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm) continue;
-      if (float8_linear_enabled(o.float8, "layers." + std::to_string(layer) + "." + std::string(layer_weight_name(weight))))
+      if (float8_linear_enabled(o.float8, m, layer, weight))
         total.linears += 1, total.elements += weight_elements(weight, m);
     }
   return total;

@@ -94,6 +94,24 @@ size_t kept_bytes(const StepPlan& plan, const LayerBuffers& lb) {
   return total;
 }
 
+// How many block linears run in float8, and which of the first block's stay in the compute
+// dtype (filter_fqns, by name or by the size filter).
+std::string float8_linear_summary(const StepPlan& plan) {
+  int64_t float8 = 0, linears = 0;
+  std::string kept;
+  for (size_t layer = 0; layer < plan.layers.size(); ++layer)
+    for (int w = 0; w < kLayerWeightCount; ++w) {
+      const auto weight = static_cast<LayerWeight>(w);
+      if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm) continue;
+      ++linears;
+      float8 += plan.layers[layer].float8[size_t(w)];
+      if (layer == 0 && !plan.layers[layer].float8[size_t(w)])
+        kept += (kept.empty() ? "" : ", ") + std::string(layer_weight_name(weight));
+    }
+  return std::to_string(float8) + " of " + std::to_string(linears) + " block linears in float8" +
+         (kept.empty() ? std::string() : "; block 0 keeps " + kept + " in " + std::string(dtype_name(plan.options.compute_dtype)));
+}
+
 // The float8 buffers by name and size, for `smelt plan` (empty list without float8 linears).
 std::vector<std::pair<std::string, size_t>> float8_buffers(const StepPlan& plan) {
   std::vector<std::pair<std::string, size_t>> list;
@@ -144,7 +162,7 @@ std::string format_plan(const StepPlan& plan, bool list_steps) {
         << (plan.float8_weights >= 0 ? "; weights quantised once per step (after the optimizer, from the fp32 master) into W and W^T copies"
             : plan.float8_gathered() ? "; weights gathered in e4m3 (scales from one amax all-reduce), W^T made after the gather"
                                      : "; weights quantised at each use (sharded plan, gathered in bf16)")
-        << "\n";
+        << "\n         " << float8_linear_summary(plan) << "\n";
     for (const auto& [name, bytes] : float8_buffers(plan))
       out << "         " << name << ": " << format_bytes(bytes) << "\n";
   }

@@ -77,8 +77,7 @@ std::vector<ComputeCopyRange> compute_copy_ranges(const ModelConfig& model, cons
   const bool float8 = options.float8.recipe != Float8Recipe::none;
   auto copied = [&](int64_t layer, LayerWeight weight) {
     if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm || !float8) return true;
-    return !float8_linear_enabled(options.float8, "layers." + std::to_string(layer) + "." +
-                                                      std::string(layer_weight_name(weight)));
+    return !float8_linear_enabled(options.float8, model, layer, weight);
   };
   std::vector<ComputeCopyRange> ranges;
   int64_t copy_total = 0;
@@ -245,7 +244,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
     for (int w = 0; w < kLayerWeightCount; ++w) {
       const auto weight = static_cast<LayerWeight>(w);
       if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm) continue;
-      lb.float8[w] = float8_linear_enabled(options.float8, prefix + std::string(layer_weight_name(weight)));
+      lb.float8[w] = float8_linear_enabled(options.float8, model, int64_t(i), weight);
       any_float8 = any_float8 || lb.float8[w];
     }
     std::array<bool, kActivationCount> recomputed_output{};

@@ -217,6 +217,59 @@ TEST(Float8Linear, RecipeNamesRoundTripAndUnknownNamesListTheChoices) {
   }
 }
 
+// The size filter ("auto_filter_small_kn" in filter_fqns) on Llama-3 8B's linears (W is
+// (out, in)): tensorwise gains on every one; the rowwise recipes keep wk and wv (1024, 4096) in
+// bf16, as torchao's thresholds do.
+TEST(Float8Linear, AutoFilterKeepsSmallLinearsInBf16ByRecipe) {
+  for (auto [out, in] : {std::pair<int64_t, int64_t>{4096, 4096}, {1024, 4096}, {14336, 4096}, {4096, 14336}})
+    EXPECT_TRUE(float8_gains_on_shape(Float8Recipe::tensorwise, out, in)) << out << " x " << in;
+  EXPECT_FALSE(float8_gains_on_shape(Float8Recipe::tensorwise, 4096, 1024));
+  EXPECT_TRUE(float8_gains_on_shape(Float8Recipe::tensorwise, 4112, 1024));
+  EXPECT_FALSE(float8_gains_on_shape(Float8Recipe::tensorwise, 4104, 8192)) << "not a multiple of 16";
+  for (Float8Recipe recipe : {Float8Recipe::rowwise, Float8Recipe::rowwise_with_gw_hp, Float8Recipe::blockwise}) {
+    SCOPED_TRACE(std::string(float8_recipe_name(recipe)));
+    EXPECT_TRUE(float8_gains_on_shape(recipe, 4096, 4096));
+    EXPECT_TRUE(float8_gains_on_shape(recipe, 14336, 4096));
+    EXPECT_TRUE(float8_gains_on_shape(recipe, 4096, 14336));
+    EXPECT_FALSE(float8_gains_on_shape(recipe, 1024, 4096));  // out <= 1024
+    EXPECT_FALSE(float8_gains_on_shape(recipe, 8192, 2048));  // in <= 2048
+    EXPECT_FALSE(float8_gains_on_shape(recipe, 2048, 4096));  // in <= 4096 and out <= 2048
+    EXPECT_TRUE(float8_gains_on_shape(recipe, 2064, 4096));
+  }
+}
+
+// The filter reaches the plan: with it, a rowwise 8B block keeps wk and wv in bf16 (and gives
+// them back their bf16 copies); without it, every block linear is float8; names still filter.
+TEST(Float8Plan, AutoFilterDecidesPerLinearInThePlan) {
+  ModelSection section;
+  section.flavor = "llama3_8b";
+  section.n_layers = 2;
+  const ModelConfig model = make_model_config(section, 0);
+  PlanOptions o;
+  o.shape = {1, 256};
+  o.compute_dtype = DType::bf16;
+  o.policy = parse_checkpoint_policy("selective-op");
+  o.float8.recipe = Float8Recipe::rowwise;
+  const StepPlan plain = build_step_plan(model, o);
+  o.float8.filter_fqns = {"output", std::string(kFloat8AutoFilter), "layers.1.feed_forward.w2"};
+  const StepPlan automatic = build_step_plan(model, o);
+  for (int64_t layer = 0; layer < 2; ++layer)
+    for (LayerWeight w : {LayerWeight::wq, LayerWeight::wk, LayerWeight::wv, LayerWeight::wo, LayerWeight::w1,
+                          LayerWeight::w2, LayerWeight::w3}) {
+      const auto i = size_t(w);
+      EXPECT_TRUE(plain.layers[size_t(layer)].float8[i]) << layer << " " << layer_weight_name(w);
+      const bool small = w == LayerWeight::wk || w == LayerWeight::wv;
+      const bool named = layer == 1 && w == LayerWeight::w2;
+      EXPECT_EQ(automatic.layers[size_t(layer)].float8[i], !small && !named) << layer << " " << layer_weight_name(w);
+    }
+  EXPECT_GT(automatic.buffers[size_t(automatic.compute_weights)].shape.numel(),
+            plain.buffers[size_t(plain.compute_weights)].shape.numel())
+      << "the linears kept in bf16 need their bf16 copies";
+  o.float8.recipe = Float8Recipe::tensorwise;
+  const StepPlan tensorwise = build_step_plan(model, o);
+  EXPECT_TRUE(tensorwise.layers[0].float8[size_t(LayerWeight::wk)]);
+}
+
 // Hand-computed codes: the numbers a reader can check on paper.
 TEST(Float8Linear, HandComputedScalesAndCodes) {
   auto backend = make_cpu_backend();

@@ -47,8 +47,7 @@ bool expected_copy(const ModelConfig& model, const PlanOptions& o, size_t index)
   const auto weight = static_cast<LayerWeight>(block % kLayerWeightCount);
   if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm) return true;
   return o.float8.recipe == Float8Recipe::none ||
-         !float8_linear_enabled(o.float8, "layers." + std::to_string(block / kLayerWeightCount) + "." +
-                                              std::string(layer_weight_name(weight)));
+         !float8_linear_enabled(o.float8, model, block / kLayerWeightCount, weight);
 }
 
 // The plan's copy holds exactly the expected parameters, packed without overlap, and its runs tile
