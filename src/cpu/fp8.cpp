@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/numerics.h"
+#include "cpu/fp8_elements.h"
 
 namespace smelt::cpu {
 namespace {
@@ -24,19 +25,6 @@ void require_cpu(const TensorView& view, const std::string& op, const char* name
 bool is_high_precision(DType dtype) { return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f64; }
 
 bool is_statistic(DType dtype) { return dtype == DType::f32 || dtype == DType::f64; }
-
-Float8Format float8_format(DType dtype) { return dtype == DType::e4m3 ? Float8Format::e4m3 : Float8Format::e5m2; }
-
-// Element i of an f32 / bf16 / f64 view, as float (f64 rounds to nearest).
-float load_float(const TensorView& view, int64_t i) {
-  switch (view.dtype) {
-    case DType::f32: return view.as<const float>()[i];
-    case DType::bf16: return bf16_to_float(view.as<const uint16_t>()[i]);
-    case DType::f64: return static_cast<float>(view.as<const double>()[i]);
-    default: break;
-  }
-  fail(ErrorKind::internal, "cpu fp8: cannot read " + view.str() + " as float; expected f32, bf16 or f64");
-}
 
 void store_float(const TensorView& view, int64_t i, float value) {
   switch (view.dtype) {

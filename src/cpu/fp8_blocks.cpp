@@ -8,6 +8,7 @@
 #include "core/float8_blocks.h"
 #include "core/numerics.h"
 #include "cpu/fp8.h"
+#include "cpu/fp8_elements.h"
 
 namespace smelt::cpu {
 namespace {
@@ -20,25 +21,13 @@ void require(bool condition, const std::string& op, const std::string& message) 
   if (!condition) reject(op, message);
 }
 
-Float8Format float8_format(DType dtype) { return dtype == DType::e4m3 ? Float8Format::e4m3 : Float8Format::e5m2; }
-
-float load(const TensorView& view, int64_t i) {
-  switch (view.dtype) {
-    case DType::f32: return view.as<const float>()[i];
-    case DType::bf16: return bf16_to_float(view.as<const uint16_t>()[i]);
-    case DType::f64: return static_cast<float>(view.as<const double>()[i]);
-    default: break;
-  }
-  reject("quantize_blocks", "cannot read " + view.str() + " as float; expected f32, bf16 or f64");
-}
-
 // max |x| over [r0, r1) x [c0, c1); NaN sticks (as cpu::amax).
 float region_amax(const TensorView& x, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
   const int64_t cols = x.cols();
   float maximum = 0.0f;
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t c = c0; c < c1; ++c) {
-      const float magnitude = std::fabs(load(x, r * cols + c));
+      const float magnitude = std::fabs(load_float(x, r * cols + c));
       if (std::isnan(magnitude) || magnitude > maximum) maximum = magnitude;
     }
   return maximum;
@@ -89,7 +78,7 @@ void quantize_blocks(const BlockQuantizeArgs& args) {
     auto* codes = dst.as<uint8_t>();
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t c = c0; c < c1; ++c)
-        codes[transposed ? c * rows + r : r * cols + c] = block_quantize(load(args.src, r * cols + c), scale, format);
+        codes[transposed ? c * rows + r : r * cols + c] = block_quantize(load_float(args.src, r * cols + c), scale, format);
   };
 
   if (args.weight_blocks) {  // both outputs: the same 128x128 regions of src

@@ -1,5 +1,6 @@
 // A backend for tests that forwards every op to the CPU backend and records each GEMM's
-// arguments, float8 operands, scales and f32 result (the float8 linear tests read them back).
+// arguments, float8 operands, scales and f32 result (the float8 linear tests read them back),
+// and the transpose those tests build their reference operands with.
 #pragma once
 #include <memory>
 #include <string>
@@ -74,5 +75,13 @@ class RecordingBackend final : public Backend {
   void timing_mark(size_t i) override { inner->timing_mark(i); }
   double timing_elapsed_ms(size_t a, size_t b) override { return inner->timing_elapsed_ms(a, b); }
 };
+
+// A row-major (rows, cols) matrix transposed: the K-major copy a float8 GEMM operand is cast into.
+inline std::vector<float> transposed(const std::vector<float>& m, int64_t rows, int64_t cols) {
+  std::vector<float> t(m.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = m[size_t(r * cols + c)];
+  return t;
+}
 
 }  // namespace smelt::testing

@@ -21,6 +21,7 @@ namespace {
 using testing::RecordedGemm;
 using testing::RecordingBackend;
 using testing::TinyRun;
+using testing::transposed;
 using testing::tiny_model;
 
 constexpr int64_t kTile = 128;
@@ -37,13 +38,6 @@ std::vector<float> regional_matrix(int64_t rows, int64_t cols, uint64_t seed) {
     for (int64_t c = 0; c < cols; ++c)
       m[size_t(r * cols + c)] = float(random.normal()) * band[size_t((r / kTile) * band_cols + c / kTile)];
   return m;
-}
-
-std::vector<float> transposed(const std::vector<float>& m, int64_t rows, int64_t cols) {
-  std::vector<float> t(m.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = m[size_t(r * cols + c)];
-  return t;
 }
 
 struct BlockOperand {

@@ -20,6 +20,7 @@ namespace {
 using testing::RecordedGemm;
 using testing::RecordingBackend;
 using testing::TinyRun;
+using testing::transposed;
 using testing::tiny_model;
 
 // Relative distance allowed between a float8 run's final loss and the bf16 run's, after 100
@@ -37,13 +38,6 @@ std::vector<float> skewed_matrix(int64_t rows, int64_t cols, uint64_t seed) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) m[r * cols + c] = float(random.normal()) * row_factor[r] * col_factor[c];
   return m;
-}
-
-std::vector<float> transposed(const std::vector<float>& m, int64_t rows, int64_t cols) {
-  std::vector<float> t(m.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = m[r * cols + c];
-  return t;
 }
 
 struct ExpectedOperand {
