@@ -224,6 +224,10 @@ std::vector<ConfigField> config_schema() {
            "linear); linear: standalone cast kernels inside the float8 linears (one input read by consecutive "
            "linears is cast once)",
            one_of({"full", "linear"})),
+      bind("float8", "save_inputs_in_float8", &C::float8, &Float8Section::save_inputs_in_float8,
+           "keep a float8 linear's input for the backward as the grad-weight GEMM's float8 x^T, written by the "
+           "forward, instead of in bf16 (half the bytes; the same values), where only float8 linears read it "
+           "there: the norms' and SwiGLU's outputs, when kept; recipes with a bf16 grad-weight GEMM keep bf16"),
       bind("float8", "all_gather", &C::float8, &Float8Section::all_gather,
            "sharded runs with the tensorwise recipe: all-gather float8 linears' weights in e4m3 (scales from "
            "one all-reduce of every weight's amax) instead of bf16; other recipes gather in bf16"),

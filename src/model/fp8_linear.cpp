@@ -223,6 +223,25 @@ Float8Weight float8_weight_views(Float8Recipe recipe, int64_t out, int64_t in, c
   return w;
 }
 
+int64_t float8_saved_input_bytes(Float8Recipe recipe, int64_t in, int64_t tokens) {
+  const OperandCast cast = float8_gemm_cast(recipe, LinearGemm::grad_weight).b;
+  return round_up(in * tokens, kSlotAlignment) + 4 * operand_scale_count(cast.scaling, in, tokens);
+}
+
+QuantizedOperand float8_saved_input_view(Float8Recipe recipe, int64_t in, int64_t tokens, const TensorView& buffer) {
+  const OperandCast cast = float8_gemm_cast(recipe, LinearGemm::grad_weight).b;
+  SMELT_CHECK(int64_t(buffer.bytes()) >= float8_saved_input_bytes(recipe, in, tokens),
+              "float8 saved input buffer " + buffer.str() + " too small for x^T (" + std::to_string(in) + ", " +
+                  std::to_string(tokens) + ")");
+  auto* bytes = static_cast<uint8_t*>(buffer.data);
+  QuantizedOperand q;
+  q.values = TensorView(bytes, cast.dtype, Shape{in, tokens}, buffer.device);
+  q.scale = TensorView(bytes + round_up(in * tokens, kSlotAlignment), DType::f32,
+                       Shape{operand_scale_count(cast.scaling, in, tokens)}, buffer.device);
+  q.scaling = cast.scaling;
+  return q;
+}
+
 void quantize_weight(Backend& backend, Float8Recipe recipe, const TensorView& weight, const Float8Weight& copy,
                      const TensorView& amax, const TensorView& amax_transposed) {
   const int64_t out = weight.rows(), in = weight.cols();
@@ -290,8 +309,8 @@ QuantizedOperand slot_operand(const TensorView& source, bool transpose, const Op
 }
 
 void remember(Float8InputReuse* reuse, Float8InputReuse::Record& record, const TensorView& x, const Float8Slot& slot,
-              const TensorView& amax = {}) {
-  if (reuse) record = {x.data, x.shape, slot.values.data, reuse->step, amax};
+              const TensorView& amax = {}, const void* saved = nullptr) {
+  if (reuse) record = {x.data, x.shape, slot.values.data, reuse->step, amax, saved};
 }
 
 }  // namespace
@@ -330,6 +349,53 @@ QuantizedOperand quantize_operand(Backend& backend, const TensorView& source, bo
 
 namespace {
 
+// src (rows, cols) cast by `cast` into `slot` (K-major, as quantize_operand) and, in the same read,
+// src^T (cols, rows) cast by `transposed_cast` into `transposed`. Rowwise takes src's per-column
+// amax into `column_amax` (scratch of at least cols floats); tensorwise shares the one amax.
+QuantizedOperand quantize_both_layouts(Backend& backend, const TensorView& src, const OperandCast& cast,
+                                       const Float8Slot& slot, const OperandCast& transposed_cast,
+                                       const QuantizedOperand& transposed, const TensorView& column_amax) {
+  const QuantizedOperand rows = slot_operand(src, false, cast, slot);
+  SMELT_CHECK(transposed.values.rows() == src.cols() && transposed.values.cols() == src.rows() &&
+                  transposed.values.dtype == transposed_cast.dtype && transposed.scaling == transposed_cast.scaling,
+              "quantize_both_layouts: " + transposed.values.str() + " is not the transposed operand of " + src.str());
+  if (is_block_scaling(cast.scaling)) {  // one pass: tiles along cols, and along rows for src^T
+    SMELT_CHECK(cast.scaling == OperandScaling::tile_1x128 && transposed_cast.scaling == OperandScaling::tile_1x128,
+                "quantize_both_layouts: block scaling writes both layouts only as 1x128 tiles");
+    BlockQuantizeArgs blocks;
+    blocks.src = src;
+    blocks.dst = rows.values;
+    blocks.scale = rows.scale;
+    blocks.dst_transposed = transposed.values;
+    blocks.scale_transposed = transposed.scale;
+    backend.quantize_blocks(blocks);
+    return rows;
+  }
+  SMELT_CHECK(transposed_cast.scaling == cast.scaling &&
+                  transposed_cast.round_scale_to_power_of_two == cast.round_scale_to_power_of_two,
+              "float8 recipe casts an operand and its transpose with different scalings; quantise them separately");
+  const bool rowwise = cast.scaling == OperandScaling::rowwise;
+  const TensorView amax = prefix(slot.amax, DType::f32, Shape{rows.scale.numel()});
+  AmaxArgs a;
+  a.x = src;
+  a.amax = amax;
+  a.rowwise = rowwise;
+  if (rowwise) a.column_amax = prefix(column_amax, DType::f32, Shape{src.cols()});
+  backend.amax(a);
+  QuantizeArgs q;
+  q.src = src;
+  q.dst = rows.values;
+  q.scale = rows.scale;
+  q.amax = amax;
+  q.rowwise = rowwise;
+  q.round_scale_to_power_of_two = cast.round_scale_to_power_of_two;
+  q.dst_transposed = transposed.values;
+  q.amax_transposed = rowwise ? a.column_amax : amax;
+  q.scale_transposed = transposed.scale;
+  backend.quantize(q);
+  return rows;
+}
+
 // out (=|+=) a @ b^T (+ addend) on two quantised K-major operands.
 void float8_gemm(Backend& backend, const QuantizedOperand& a, const QuantizedOperand& b, bool fast_accumulation,
                  const TensorView& out, const TensorView& addend, bool accumulate) {
@@ -355,6 +421,7 @@ void float8_linear_forward(Backend& backend, Float8Recipe recipe, const Float8Sc
                            const TensorView& y, const TensorView& addend, Float8InputReuse* reuse) {
   // y (N, out) = x (N, in) @ W (out, in)^T: both already K-major.
   const GemmCast cast = float8_gemm_cast(recipe, LinearGemm::output);
+  const QuantizedOperand& saved = state.saved_input;
   Float8Slot x_slot = scratch.activation;
   // Tensorwise: x's amax goes where the grad-weight GEMM finds it again.
   if (!state.input_amax.empty() && cast.a.scaling == OperandScaling::tensorwise) x_slot.amax = state.input_amax;
@@ -363,11 +430,18 @@ void float8_linear_forward(Backend& backend, Float8Recipe recipe, const Float8Sc
     qx = slot_operand(x, false, cast.a, x_slot);
     if (x_slot.amax.data != earlier->amax.data)  // this linear's backward reads its own copy of x's amax
       backend.convert({prefix(earlier->amax, DType::f32, Shape{1}), prefix(x_slot.amax, DType::f32, Shape{1})});
+    if (!saved.values.empty() && earlier->saved != saved.values.data) {  // x^T kept elsewhere: cast it alone
+      const Float8Slot saved_slot{saved.values, scratch.input_transposed.amax, saved.scale};
+      quantize_operand(backend, x, true, float8_gemm_cast(recipe, LinearGemm::grad_weight).b, saved_slot);
+    }
     ++reuse->reused;
+  } else if (!saved.values.empty()) {  // x for this GEMM and x^T for the backward's, from one read
+    qx = quantize_both_layouts(backend, x, cast.a, x_slot, float8_gemm_cast(recipe, LinearGemm::grad_weight).b, saved,
+                               scratch.input_transposed.amax);
   } else {
     qx = quantize_operand(backend, x, false, cast.a, x_slot);
   }
-  if (reuse) remember(reuse, reuse->input, x, x_slot, x_slot.amax);
+  if (reuse) remember(reuse, reuse->input, x, x_slot, x_slot.amax, saved.values.data);
   const QuantizedOperand qw =
       state.weight.empty() ? quantize_operand(backend, weight, false, cast.b, scratch.weight) : state.weight.rows;
   float8_gemm(backend, qx, qw, cast.fast_accumulation, y, addend, false);
@@ -378,60 +452,23 @@ void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8S
                             const TensorView& grad_output, const TensorView& grad_input, bool accumulate_grad_input,
                             const TensorView& grad_weight, Float8InputReuse* reuse) {
   if (reuse) reuse->input.step = 0;  // dy is cast into the slot that held x
-  const int64_t tokens = grad_output.rows(), out = grad_output.cols(), in = x.cols();
+  const QuantizedOperand& saved = state.saved_input;
+  const int64_t tokens = grad_output.rows();
+  const int64_t in = saved.values.empty() ? x.cols() : saved.values.rows();
   const GemmCast input_cast = float8_gemm_cast(recipe, LinearGemm::grad_input);
   const bool float8_grad_weight = float8_gemm_enabled(recipe, LinearGemm::grad_weight);
-  const OperandCast dy_cast = input_cast.a;
-  const bool rowwise = dy_cast.scaling == OperandScaling::rowwise;
+  SMELT_CHECK(saved.values.empty() || (float8_grad_weight && saved.values.cols() == tokens),
+              "float8_linear_backward: a saved float8 input " + saved.values.str() + " for dy " + grad_output.str() +
+                  " under recipe " + std::string(float8_recipe_name(recipe)));
+  // dy (N, out) and, when the grad-weight GEMM is in float8, dy^T (out, N), from one read.
   QuantizedOperand dy, dy_transposed;
-  if (is_block_scaling(dy_cast.scaling)) {
-    // One pass: dy (N, out) in tiles along out and dy^T (out, N) in tiles along N.
-    dy = slot_operand(grad_output, false, dy_cast, scratch.activation);
-    BlockQuantizeArgs blocks;
-    blocks.src = grad_output;
-    blocks.dst = dy.values;
-    blocks.scale = dy.scale;
-    if (float8_grad_weight) {
-      dy_transposed = slot_operand(grad_output, true, float8_gemm_cast(recipe, LinearGemm::grad_weight).a,
-                                   scratch.activation_transposed);
-      blocks.dst_transposed = dy_transposed.values;
-      blocks.scale_transposed = dy_transposed.scale;
-    }
-    backend.quantize_blocks(blocks);
+  if (float8_grad_weight) {
+    const OperandCast dy_t_cast = float8_gemm_cast(recipe, LinearGemm::grad_weight).a;
+    dy_transposed = slot_operand(grad_output, true, dy_t_cast, scratch.activation_transposed);
+    dy = quantize_both_layouts(backend, grad_output, input_cast.a, scratch.activation, dy_t_cast, dy_transposed,
+                               scratch.activation_transposed.amax);
   } else {
-    // dy, read twice: one amax pass (per row and, for dy^T, per column when rowwise), then one
-    // cast pass writing dy (N, out) and, when the grad-weight GEMM is in float8, dy^T (out, N).
-    dy = {prefix(scratch.activation.values, dy_cast.dtype, Shape{tokens, out}),
-          prefix(scratch.activation.scale, DType::f32, Shape{rowwise ? tokens : 1}), dy_cast.scaling};
-    const TensorView dy_amax = prefix(scratch.activation.amax, DType::f32, Shape{rowwise ? tokens : 1});
-    TensorView dy_transposed_amax;
-    AmaxArgs amax;
-    amax.x = grad_output;
-    amax.amax = dy_amax;
-    amax.rowwise = rowwise;
-    QuantizeArgs cast;
-    cast.src = grad_output;
-    cast.dst = dy.values;
-    cast.scale = dy.scale;
-    cast.amax = dy_amax;
-    cast.rowwise = rowwise;
-    cast.round_scale_to_power_of_two = dy_cast.round_scale_to_power_of_two;
-    if (float8_grad_weight) {
-      const OperandCast dy_t_cast = float8_gemm_cast(recipe, LinearGemm::grad_weight).a;
-      SMELT_CHECK(dy_t_cast.scaling == dy_cast.scaling && dy_t_cast.round_scale_to_power_of_two ==
-                                                              dy_cast.round_scale_to_power_of_two,
-                  "float8 recipe casts dy and dy^T with different scalings; quantise them separately");
-      dy_transposed = {prefix(scratch.activation_transposed.values, dy_t_cast.dtype, Shape{out, tokens}),
-                       prefix(scratch.activation_transposed.scale, DType::f32, Shape{rowwise ? out : 1}),
-                       dy_t_cast.scaling};
-      dy_transposed_amax = rowwise ? prefix(scratch.activation_transposed.amax, DType::f32, Shape{out}) : dy_amax;
-      if (rowwise) amax.column_amax = dy_transposed_amax;
-      cast.dst_transposed = dy_transposed.values;
-      cast.amax_transposed = dy_transposed_amax;
-      cast.scale_transposed = dy_transposed.scale;
-    }
-    backend.amax(amax);
-    backend.quantize(cast);
+    dy = quantize_operand(backend, grad_output, false, input_cast.a, scratch.activation);
   }
 
   // dx (N, in) = dy (N, out) @ (W^T (in, out))^T: K = out, so W is used transposed.
@@ -449,11 +486,14 @@ void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8S
     backend.gemm(g);
     return;
   }
-  // dW (out, in) = dy^T (out, N) @ (x^T (in, N))^T: K = N. Tensorwise x^T takes the forward's
-  // amax of x (the same tensor, so the same scale); rowwise needs x's per-column amax.
+  // dW (out, in) = dy^T (out, N) @ (x^T (in, N))^T: K = N. x^T kept from the forward, or cast here:
+  // tensorwise takes the forward's amax of x (the same tensor, so the same scale); rowwise needs x's
+  // per-column amax.
   const GemmCast weight_cast = float8_gemm_cast(recipe, LinearGemm::grad_weight);
   QuantizedOperand x_transposed;
-  if (reuse && reuse->find(reuse->input_transposed, x, scratch.input_transposed)) {
+  if (!saved.values.empty()) {
+    x_transposed = saved;
+  } else if (reuse && reuse->find(reuse->input_transposed, x, scratch.input_transposed)) {
     x_transposed = slot_operand(x, true, weight_cast.b, scratch.input_transposed);
     ++reuse->reused;
   } else if (!state.input_amax.empty() && weight_cast.b.scaling == OperandScaling::tensorwise) {
@@ -470,7 +510,7 @@ void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8S
   } else {
     x_transposed = quantize_operand(backend, x, true, weight_cast.b, scratch.input_transposed);
   }
-  if (reuse) remember(reuse, reuse->input_transposed, x, scratch.input_transposed);
+  if (reuse && saved.values.empty()) remember(reuse, reuse->input_transposed, x, scratch.input_transposed);
   float8_gemm(backend, dy_transposed, x_transposed, weight_cast.fast_accumulation, grad_weight, {}, false);
 }
 

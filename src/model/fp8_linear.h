@@ -33,6 +33,11 @@ struct Float8Options {
   // A linear whose fully qualified name ("layers.3.attention.wq", "output") contains any of
   // these strings stays in the compute dtype (torchao's module filter).
   std::vector<std::string> filter_fqns = {"output"};
+  // An activation the block's backward reads only as float8 linears' input (the norms' outputs,
+  // SwiGLU's) is kept for backward as the grad-weight GEMM's operand x^T in float8, written by
+  // the forward in the same pass as x, instead of in the compute dtype. Same bytes as casting it
+  // in the backward; recipes whose grad-weight GEMM is not in float8 keep the compute dtype.
+  bool save_inputs_in_float8 = true;
 };
 
 // The filter_fqns entry that turns on the size filter (torchtitan's name for it).
@@ -129,9 +134,17 @@ Float8WeightLayout float8_weight_layout(const ModelConfig& model, Float8Recipe r
 // What one float8 linear keeps across the step besides its weight copies.
 struct Float8LinearState {
   Float8Weight weight;   // planned copies (empty: quantised per use into the scratch weight slots)
+  QuantizedOperand saved_input;  // x^T (in, N) kept for the grad-weight GEMM (Float8Options::
+                                 // save_inputs_in_float8): the forward writes it, the backward reads
+                                 // it instead of x (empty: x is kept and cast again there)
   TensorView input_amax; // (1) f32, tensorwise only: the forward's amax of x, reused for x^T in the
                          // grad-weight GEMM (empty: computed again there)
 };
+
+// x^T (in, tokens) as the grad-weight GEMM's right operand, kept from the forward to the backward:
+// its bytes (values, then scales at a 256-byte boundary) and its views over a buffer of them.
+int64_t float8_saved_input_bytes(Float8Recipe recipe, int64_t in, int64_t tokens);
+QuantizedOperand float8_saved_input_view(Float8Recipe recipe, int64_t in, int64_t tokens, const TensorView& buffer);
 
 // Quantises W (out, in) into both layouts of `copy` with one amax pass and one cast pass.
 // `amax` and `amax_transposed` are scratch of at least (out) and (in) floats.
@@ -161,6 +174,7 @@ struct Float8InputReuse {
     const void* slot = nullptr;    // the scratch values it was cast into
     uint64_t step = 0;             // when
     TensorView amax;               // tensorwise forward: where its amax was written
+    const void* saved = nullptr;   // forward: the saved x^T it also wrote (Float8LinearState::saved_input)
   };
   uint64_t step = 1;  // the step running now; the caller advances it before every step
   Record input, input_transposed;

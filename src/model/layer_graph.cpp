@@ -42,6 +42,51 @@ const BackwardOpInfo& backward_op_info(BackwardOp op) {
   return table[static_cast<int>(op)];
 }
 
+std::optional<LayerWeight> linear_weight(ForwardOp op) {
+  switch (op) {
+    case ForwardOp::q_proj: return LayerWeight::wq;
+    case ForwardOp::k_proj: return LayerWeight::wk;
+    case ForwardOp::v_proj: return LayerWeight::wv;
+    case ForwardOp::o_proj: return LayerWeight::wo;
+    case ForwardOp::gate_proj: return LayerWeight::w1;
+    case ForwardOp::up_proj: return LayerWeight::w3;
+    case ForwardOp::down_proj: return LayerWeight::w2;
+    default: return std::nullopt;
+  }
+}
+
+ForwardOp forward_op_of(BackwardOp op) {
+  switch (op) {
+    case BackwardOp::down_proj: return ForwardOp::down_proj;
+    case BackwardOp::swiglu: return ForwardOp::swiglu;
+    case BackwardOp::gate_proj: return ForwardOp::gate_proj;
+    case BackwardOp::up_proj: return ForwardOp::up_proj;
+    case BackwardOp::ffn_norm: return ForwardOp::ffn_norm;
+    case BackwardOp::o_proj: return ForwardOp::o_proj;
+    case BackwardOp::attention: return ForwardOp::attention;
+    case BackwardOp::q_proj: return ForwardOp::q_proj;
+    case BackwardOp::k_proj: return ForwardOp::k_proj;
+    case BackwardOp::v_proj: return ForwardOp::v_proj;
+    case BackwardOp::attn_norm: return ForwardOp::attn_norm;
+    case BackwardOp::count: break;
+  }
+  SMELT_CHECK(false, "bad backward op");
+}
+
+Activation linear_input(LayerWeight w) {
+  switch (w) {
+    case LayerWeight::wq:
+    case LayerWeight::wk:
+    case LayerWeight::wv: return A::attn_norm_out;
+    case LayerWeight::wo: return A::attn_out;
+    case LayerWeight::w1:
+    case LayerWeight::w3: return A::ffn_norm_out;
+    case LayerWeight::w2: return A::swiglu_out;
+    default: break;
+  }
+  SMELT_CHECK(false, "linear_input: " + std::string(layer_weight_name(w)) + " is not a linear");
+}
+
 std::string_view activation_name(Activation a) {
   static const std::string_view names[kActivationCount] = {
       "input",    "attention_norm.out", "attention_norm.rstd", "attention.q",    "attention.k",

@@ -5,6 +5,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -103,6 +104,12 @@ struct BackwardOpInfo {
 
 const ForwardOpInfo& forward_op_info(ForwardOp op);
 const BackwardOpInfo& backward_op_info(BackwardOp op);
+// The weight of a linear's forward op (nullopt for the other ops), and the forward op a backward
+// op differentiates.
+std::optional<LayerWeight> linear_weight(ForwardOp op);
+ForwardOp forward_op_of(BackwardOp op);
+// The activation a block linear reads as its input x (y = x W^T).
+Activation linear_input(LayerWeight w);
 std::string_view activation_name(Activation a);
 std::string_view gradient_name(Gradient g);
 std::string_view layer_weight_name(LayerWeight w);  // "attention_norm", "attention.wq", ... (torchtitan names)

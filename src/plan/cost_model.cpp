@@ -146,38 +146,6 @@ std::string shape_timing_key(const ModelConfig& m, const PlanOptions& o, bool fl
 
 namespace {
 
-std::optional<LayerWeight> weight_of(ForwardOp op) {
-  switch (op) {
-    case ForwardOp::q_proj: return LayerWeight::wq;
-    case ForwardOp::k_proj: return LayerWeight::wk;
-    case ForwardOp::v_proj: return LayerWeight::wv;
-    case ForwardOp::o_proj: return LayerWeight::wo;
-    case ForwardOp::gate_proj: return LayerWeight::w1;
-    case ForwardOp::up_proj: return LayerWeight::w3;
-    case ForwardOp::down_proj: return LayerWeight::w2;
-    default: return std::nullopt;
-  }
-}
-
-// The forward op whose weight a backward op differentiates (same table order by name).
-ForwardOp forward_of(BackwardOp op) {
-  switch (op) {
-    case BackwardOp::down_proj: return ForwardOp::down_proj;
-    case BackwardOp::swiglu: return ForwardOp::swiglu;
-    case BackwardOp::gate_proj: return ForwardOp::gate_proj;
-    case BackwardOp::up_proj: return ForwardOp::up_proj;
-    case BackwardOp::ffn_norm: return ForwardOp::ffn_norm;
-    case BackwardOp::o_proj: return ForwardOp::o_proj;
-    case BackwardOp::attention: return ForwardOp::attention;
-    case BackwardOp::q_proj: return ForwardOp::q_proj;
-    case BackwardOp::k_proj: return ForwardOp::k_proj;
-    case BackwardOp::v_proj: return ForwardOp::v_proj;
-    case BackwardOp::attn_norm: return ForwardOp::attn_norm;
-    case BackwardOp::count: break;
-  }
-  return ForwardOp::attn_norm;
-}
-
 double weight_elements(LayerWeight w, const ModelConfig& m) {
   auto spec = layer_weight_spec(w, m);
   return static_cast<double>(spec.dims[0]) * static_cast<double>(spec.dims[1]);
@@ -223,7 +191,7 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
       for (Activation a : info.inputs) bytes += activation_bytes(a);
       for (Activation a : info.outputs) bytes += activation_bytes(a);
       if (op == ForwardOp::attention) flop_rate = c.attention_flops;
-      if (auto w = weight_of(op)) {
+      if (auto w = linear_weight(op)) {
         bytes += weight_elements(*w, m) * width;
         if (op == ForwardOp::q_proj || op == ForwardOp::k_proj) {  // RoPE in place: one more pass
           extra_bytes += 2 * activation_bytes(info.outputs[0]);
@@ -246,7 +214,7 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
       if (op == BackwardOp::down_proj || op == BackwardOp::o_proj) bytes += stream;           // reads d residual
       if (op == BackwardOp::ffn_norm || op == BackwardOp::attn_norm) bytes += 2 * stream, launches += 1;  // adds to it
       if (op == BackwardOp::attention) flop_rate = c.attention_flops, launches += 1;
-      if (auto w = weight_of(forward_of(op))) {
+      if (auto w = linear_weight(forward_op_of(op))) {
         launches += 1;  // grad-input and grad-weight GEMMs
         bytes += weight_elements(*w, m) * (width + 4);  // weight read, f32 weight gradient written
         if (op == BackwardOp::q_proj || op == BackwardOp::k_proj) extra_bytes += 2 * gradient_bytes(info.gradient_reads[0]), launches += 1;

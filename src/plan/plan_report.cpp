@@ -76,12 +76,14 @@ namespace {
 
 constexpr size_t kClassCount = static_cast<size_t>(BufferClass::count);
 
+// The activations a block keeps, by name; those kept as float8 x^T marked "(e4m3 x^T)".
 std::string kept_description(const LayerBuffers& lb) {
   std::string kept;
   for (int a = 0; a < kActivationCount; ++a)
     if (lb.kept[a] && static_cast<Activation>(a) != Activation::layer_output) {
       if (!kept.empty()) kept += ' ';  // appended piecewise: GCC 12 warns falsely on a concatenated temporary
       kept += activation_name(static_cast<Activation>(a));
+      if (lb.float8_saved[a] >= 0) kept += "(e4m3 x^T)";
     }
   return kept;
 }
@@ -90,8 +92,27 @@ size_t kept_bytes(const StepPlan& plan, const LayerBuffers& lb) {
   size_t total = 0;
   for (int a = 0; a < kActivationCount; ++a)
     if (lb.kept[a] && static_cast<Activation>(a) != Activation::layer_output)
-      total += plan.buffers[lb.forward[a]].request.bytes;
+      total += plan.buffers[lb.float8_saved[a] >= 0 ? lb.float8_saved[a] : lb.forward[a]].request.bytes;
   return total;
+}
+
+// What keeping inputs as float8 x^T (save_inputs_in_float8) does to the kept activations.
+std::string float8_saved_summary(const StepPlan& plan) {
+  if (!plan.options.float8.save_inputs_in_float8) return "inputs kept for backward in the compute dtype (save_inputs_in_float8 off)";
+  if (!float8_gemm_enabled(plan.options.float8.recipe, LinearGemm::grad_weight))
+    return "inputs kept for backward in the compute dtype (this recipe's grad-weight GEMM is not in float8)";
+  int64_t count = 0;
+  size_t float8_bytes = 0, compute_bytes = 0;
+  for (const auto& lb : plan.layers)
+    for (int a = 0; a < kActivationCount; ++a)
+      if (lb.float8_saved[a] >= 0) {
+        ++count;
+        float8_bytes += plan.buffers[lb.float8_saved[a]].request.bytes;
+        compute_bytes += plan.buffers[lb.forward[a]].request.bytes;
+      }
+  if (count == 0) return "no kept activation is read only by float8 linears: none kept in float8";
+  return std::to_string(count) + " kept activations held as float8 x^T for the grad-weight GEMMs: " +
+         format_bytes(float8_bytes) + " instead of " + format_bytes(compute_bytes);
 }
 
 // How many block linears run in float8, and which of the first block's stay in the compute
@@ -162,7 +183,8 @@ std::string format_plan(const StepPlan& plan, bool list_steps) {
         << (plan.float8_weights >= 0 ? "; weights quantised once per step (after the optimizer, from the fp32 master) into W and W^T copies"
             : plan.float8_gathered() ? "; weights gathered in e4m3 (scales from one amax all-reduce), W^T made after the gather"
                                      : "; weights quantised at each use (sharded plan, gathered in bf16)")
-        << "\n         " << float8_linear_summary(plan) << "\n";
+        << "\n         " << float8_linear_summary(plan) << "\n"
+        << "         " << float8_saved_summary(plan) << "\n";
     for (const auto& [name, bytes] : float8_buffers(plan))
       out << "         " << name << ": " << format_bytes(bytes) << "\n";
   }

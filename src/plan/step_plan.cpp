@@ -167,6 +167,32 @@ void add_float8_buffers(PlanBuilder& b, StepPlan& plan, int64_t tokens) {
 
 }  // namespace
 
+std::array<bool, kActivationCount> float8_saved_inputs(const LayerBuffers& lb, const Float8Options& float8) {
+  std::array<bool, kActivationCount> saved{};
+  if (!float8.save_inputs_in_float8 || !float8_gemm_enabled(float8.recipe, LinearGemm::grad_weight)) return saved;
+  for (int a = 0; a < kActivationCount; ++a) {
+    const auto act = static_cast<Activation>(a);
+    if (!lb.kept[a] || act == Activation::layer_input || act == Activation::layer_output) continue;
+    bool read_by_float8_linears = true, read = false;
+    for (int op = 0; op < kBackwardOpCount; ++op) {
+      const auto& reads = backward_op_info(static_cast<BackwardOp>(op)).reads;
+      if (std::find(reads.begin(), reads.end(), act) == reads.end()) continue;
+      read = true;
+      const auto w = linear_weight(forward_op_of(static_cast<BackwardOp>(op)));
+      read_by_float8_linears = read_by_float8_linears && w && lb.float8[static_cast<int>(*w)] && linear_input(*w) == act;
+    }
+    for (int op = 0; op < kForwardOpCount; ++op) {
+      if (!lb.recomputed[op]) continue;
+      const auto& info = forward_op_info(static_cast<ForwardOp>(op));
+      const bool touches = std::find(info.inputs.begin(), info.inputs.end(), act) != info.inputs.end() ||
+                           std::find(info.outputs.begin(), info.outputs.end(), act) != info.outputs.end();
+      if (touches) read_by_float8_linears = false;
+    }
+    saved[a] = read && read_by_float8_linears;
+  }
+  return saved;
+}
+
 StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   SMELT_CHECK(options.policy.mode != CheckpointMode::automatic || !options.keep_sets.empty(),
               "build_step_plan needs a resolved policy; resolve 'auto' with choose_automatic_policy first");
@@ -285,6 +311,17 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
       lb.gradient[g] = b.buffer(prefix + std::string(gradient_name(gradient)), spec.dtype, spec_shape(spec),
                                 BufferClass::activation_gradients);
     }
+    const auto float8_saved = float8_saved_inputs(lb, options.float8);
+    for (int a = 0; a < kActivationCount; ++a) {
+      if (!float8_saved[a]) continue;
+      const auto act = static_cast<Activation>(a);
+      const int64_t in = activation_spec(act, model, shape, compute).dims[1];
+      const OperandCast cast = float8_gemm_cast(options.float8.recipe, LinearGemm::grad_weight).b;
+      lb.float8_saved[a] = b.buffer(prefix + std::string(activation_name(act)) + " (x^T in " +
+                                        std::string(dtype_name(cast.dtype)) + ", for the backward)",
+                                    DType::e4m3, Shape{float8_saved_input_bytes(options.float8.recipe, in, tokens)},
+                                    BufferClass::activations);
+    }
     if (options.attention_backward_scratch_bytes > 0)
       lb.attention_scratch = b.buffer(prefix + "attention backward scratch", DType::f32,
                                       Shape{static_cast<int64_t>((options.attention_backward_scratch_bytes + 3) / 4)},
@@ -321,6 +358,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
       const auto& info = forward_op_info(static_cast<ForwardOp>(op));
       std::vector<int> ids;
       for (Activation a : info.inputs) ids.push_back(lb.forward[static_cast<int>(a)]);
+      for (Activation a : info.inputs) ids.push_back(lb.float8_saved[static_cast<int>(a)]);  // x^T written here
       for (Activation a : info.outputs) ids.push_back(lb.forward[static_cast<int>(a)]);
       if (plan.float8_scratch >= 0) ids.push_back(plan.float8_scratch);
       b.emit(shard.tag({StepKind::layer_forward, static_cast<int>(i), static_cast<uint8_t>(op),
@@ -359,7 +397,9 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
     for (int op = 0; op < kBackwardOpCount; ++op) {
       const auto& info = backward_op_info(static_cast<BackwardOp>(op));
       std::vector<int> ids{plan.residual_gradient};
-      for (Activation a : info.reads) ids.push_back(lb.backward[static_cast<int>(a)]);
+      for (Activation a : info.reads)
+        ids.push_back(lb.float8_saved[static_cast<int>(a)] >= 0 ? lb.float8_saved[static_cast<int>(a)]
+                                                                 : lb.backward[static_cast<int>(a)]);
       for (Gradient g : info.gradient_reads) ids.push_back(lb.gradient[static_cast<int>(g)]);
       for (Gradient g : info.gradient_writes) ids.push_back(lb.gradient[static_cast<int>(g)]);
       if (static_cast<BackwardOp>(op) == BackwardOp::attention && lb.attention_scratch >= 0)

@@ -111,6 +111,15 @@ struct LayerBuffers {
   KeepSet kept{};
   std::array<bool, kForwardOpCount> recomputed{};
   std::array<bool, kLayerWeightCount> float8{};  // linears whose GEMMs run in float8
+  // Activations kept for the backward as float8 x^T (float8_saved_inputs): the buffer holding it
+  // (values, then scales; float8_saved_input_view), written by the forward and read by the
+  // backward in place of lb.backward, whose compute-dtype buffer then lives only in the forward.
+  // -1 for the others.
+  std::array<int, kActivationCount> float8_saved = [] {
+    std::array<int, kActivationCount> none;
+    none.fill(-1);
+    return none;
+  }();
   int attention_scratch = -1;  // the backward attention step's scratch (-1: the workspace holds it)
 };
 
@@ -196,6 +205,13 @@ int64_t compute_copy_elements(const std::vector<ComputeCopyRange>& ranges);
 
 // Parameters of the largest unit FSDP gathers at once: one block, the embedding or the output head.
 int64_t largest_gather_unit(const ModelConfig& model);
+
+// The activations a block keeps for its backward as float8 x^T (Float8Options::save_inputs_in_float8,
+// with a recipe whose grad-weight GEMM is in float8): those it keeps whose every backward reader is
+// the backward of a float8 linear taking it as x, that no recomputed op reads or writes. With
+// Llama's block: the norms' outputs and SwiGLU's (attention's output is also read by attention's
+// backward).
+std::array<bool, kActivationCount> float8_saved_inputs(const LayerBuffers& lb, const Float8Options& float8);
 
 StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options);
 

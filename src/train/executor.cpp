@@ -112,6 +112,21 @@ LayerViews Executor::layer_views(const Step& step) const {
   v.float8 = lb.float8;
   v.float8_state = float8_states(step.layer);
   if (plan_.float8_gathered()) gathered_float8_states(step, v.float8_state);
+  if (step.kind != StepKind::layer_recompute) {
+    // Inputs kept as float8 x^T: the forward writes them beside x; the backward reads them instead
+    // of x, whose buffer is not live there (an empty view, so nothing can read it by mistake).
+    for (int w = 0; w < kLayerWeightCount; ++w) {
+      if (!lb.float8[w]) continue;
+      const int x = static_cast<int>(linear_input(static_cast<LayerWeight>(w)));
+      if (lb.float8_saved[x] < 0) continue;
+      const TensorView& input = v.activation[x];
+      v.float8_state[w].saved_input = float8_saved_input_view(plan_.options.float8.recipe, input.cols(), input.rows(),
+                                                             view(lb.float8_saved[x]));
+    }
+    if (step.kind == StepKind::layer_backward)
+      for (int a = 0; a < kActivationCount; ++a)
+        if (lb.float8_saved[a] >= 0) v.activation[a] = TensorView();
+  }
   for (int w = 0; w < kLayerWeightCount; ++w) {
     const auto& info = layout_.layer(step.layer, static_cast<LayerWeight>(w));
     v.weight[w] = weight_view(info, step);

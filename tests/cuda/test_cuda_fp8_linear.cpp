@@ -18,6 +18,10 @@ constexpr int64_t kTokens = 64, kIn = 128, kOut = 96;
 
 class CudaFloat8LinearTest : public CudaOpsTest {
  protected:
+  // Keep x for the backward as float8 x^T (Float8LinearState::saved_input), written by the forward;
+  // the backward then gets no x at all.
+  bool keep_x_in_float8_ = false;
+
   // The first `count` elements of a view (host or device) as a host tensor.
   HostTensor prefix(const TensorView& view, int64_t count) {
     const TensorView part(view.data, view.dtype, Shape{count}, view.device);
@@ -31,6 +35,7 @@ class CudaFloat8LinearTest : public CudaOpsTest {
              int64_t out = kOut) {
     const std::string what = std::string(float8_recipe_name(recipe)) +
                              (weight_copies ? ", weight copies" : ", weights per use") +
+                             (keep_x_in_float8_ ? ", x kept as float8 x^T" : "") +
                              (residual ? ", residual addend and accumulated dx" : "");
     SCOPED_TRACE(what);
     const bool tensorwise = recipe == Float8Recipe::tensorwise;
@@ -72,10 +77,15 @@ class CudaFloat8LinearTest : public CudaOpsTest {
                       cpu_scratch.activation_transposed.amax);
     }
     if (tensorwise) cpu_state.input_amax = cpu_input_amax.view;
+    const Shape saved_shape{keep_x_in_float8_ ? float8_saved_input_bytes(recipe, in, tokens) : 0};
+    HostTensor cpu_saved(DType::e4m3, saved_shape);
+    std::memset(cpu_saved.view.data, 0x7F, cpu_saved.view.bytes());
+    if (keep_x_in_float8_) cpu_state.saved_input = float8_saved_input_view(recipe, in, tokens, cpu_saved.view);
+    const TensorView backward_x = keep_x_in_float8_ ? TensorView() : x.view;
     float8_linear_forward(*cpu_, recipe, cpu_scratch, cpu_state, x.view, weight.view, cpu_y.view,
                           residual ? addend.view : TensorView());
-    float8_linear_backward(*cpu_, recipe, cpu_scratch, cpu_state, x.view, weight.view, grad_output.view, cpu_dx.view,
-                           residual, cpu_dw.view);
+    float8_linear_backward(*cpu_, recipe, cpu_scratch, cpu_state, backward_x, weight.view, grad_output.view,
+                           cpu_dx.view, residual, cpu_dw.view);
 
     // CUDA.
     const TensorView values = poisoned(DType::e4m3, value_shape), statistics = poisoned(DType::f32, statistic_shape);
@@ -90,12 +100,16 @@ class CudaFloat8LinearTest : public CudaOpsTest {
                       scratch.activation_transposed.amax);
     }
     if (tensorwise) state.input_amax = poisoned(DType::f32, Shape{1});
+    const TensorView saved = keep_x_in_float8_ ? poisoned(DType::e4m3, saved_shape) : TensorView();
+    if (keep_x_in_float8_) state.saved_input = float8_saved_input_view(recipe, in, tokens, saved);
     TensorView y = poisoned(DType::bf16, Shape{tokens, out}), dx = upload(dx_start);
     TensorView dw = poisoned(DType::f32, Shape{out, in});
     float8_linear_forward(*cuda_, recipe, scratch, state, device_x, device_weight, y,
                           residual ? upload(addend) : TensorView());
-    float8_linear_backward(*cuda_, recipe, scratch, state, device_x, device_weight, device_grad, dx, residual, dw);
+    float8_linear_backward(*cuda_, recipe, scratch, state, keep_x_in_float8_ ? TensorView() : device_x, device_weight,
+                           device_grad, dx, residual, dw);
     cuda_->synchronize();
+    if (keep_x_in_float8_) expect_bits_equal(cpu_saved, download(saved), "x^T kept from the forward, and its scales");
 
     // Every quantised operand still in memory: W and W^T (copies or per-use slots), dy, dy^T, x^T.
     if (weight_copies) {
@@ -144,6 +158,13 @@ TEST_F(CudaFloat8LinearTest, RowwiseWithHighPrecisionGradWeightMatchesTheCpuEmul
 TEST_F(CudaFloat8LinearTest, WeightsQuantisedPerUseMatchTheCpuEmulation) {
   for (Float8Recipe recipe : {Float8Recipe::tensorwise, Float8Recipe::rowwise, Float8Recipe::rowwise_with_gw_hp})
     check(recipe, false, false);
+}
+// x kept for the backward as float8 x^T, written by the forward's cast of x in the same pass: the
+// bytes and scales as the CPU writes them, and the backward's GEMMs on them, without x.
+TEST_F(CudaFloat8LinearTest, InputKeptAsFloat8TransposeMatchesTheCpuEmulation) {
+  keep_x_in_float8_ = true;
+  for (Float8Recipe recipe : {Float8Recipe::tensorwise, Float8Recipe::rowwise}) check(recipe, true, true);
+  check(Float8Recipe::blockwise, true, false, 320, 384, 208);
 }
 // The block's wo / w2 add the residual (beta = 1 with C) and wk / wv / w3 accumulate dx.
 TEST_F(CudaFloat8LinearTest, ResidualAddendAndAccumulatedGradInputMatchTheCpuEmulation) {

@@ -61,6 +61,11 @@ struct TinyRun {
     PlanOptions options = plan.options;
     options.float8.recipe = recipe;
     options.float8.filter_fqns = std::move(filters);
+    replan(options);
+  }
+
+  // Plans and builds the executor again with other options (same model).
+  void replan(const PlanOptions& options) {
     executor.reset();
     plan = build_step_plan(plan.model, options);
     executor = std::make_unique<Executor>(plan, *backend);

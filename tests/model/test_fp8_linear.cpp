@@ -474,8 +474,14 @@ TEST(Float8Plan, FiltersKeepNamedLinearsInBf16AndRecipeNoneAddsNothing) {
   EXPECT_EQ(run.plan.buffers.size(), plain_buffers);
   EXPECT_EQ(run.plan.memory.arena_bytes, plain_arena);
   use_float8(run, Float8Recipe::tensorwise, {"output", "attention.wq", "layers.1.feed_forward"});
-  // Forward and backward scratch, their statistics, the weight copies, their scales, the saved input amax.
-  EXPECT_EQ(run.plan.buffers.size(), plain_buffers + 6);
+  // Forward and backward scratch, their statistics, the weight copies, their scales, the saved input
+  // amax; and layer 0's FFN norm and SwiGLU outputs kept as float8 x^T (its wq, which reads the
+  // attention norm's, and layer 1's FFN are in bf16).
+  EXPECT_EQ(run.plan.buffers.size(), plain_buffers + 6 + 2);
+  EXPECT_GE(run.plan.layers[0].float8_saved[size_t(Activation::ffn_norm_out)], 0);
+  EXPECT_GE(run.plan.layers[0].float8_saved[size_t(Activation::swiglu_out)], 0);
+  EXPECT_LT(run.plan.layers[0].float8_saved[size_t(Activation::attn_norm_out)], 0);
+  for (int a = 0; a < kActivationCount; ++a) EXPECT_LT(run.plan.layers[1].float8_saved[size_t(a)], 0);
   // Copies of the float8 linears only: layer 0 without wq, layer 1 without w1 w3 w2.
   int64_t float8_parameters = 0;
   for (int64_t layer = 0; layer < 2; ++layer)
