@@ -78,6 +78,7 @@ struct Float8Section {
   std::string fusion = "full";           // full, linear
   bool all_gather = true;                // sharded tensorwise runs: gather float8 weights in e4m3
   bool save_inputs_in_float8 = true;     // keep float8 x^T (not x) for the grad-weight GEMM where possible
+  bool keep_transposed_weights = false;  // tensorwise: keep W^T copies instead of transposing W per use
 };
 
 struct ParallelismSection {

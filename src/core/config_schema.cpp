@@ -228,6 +228,10 @@ std::vector<ConfigField> config_schema() {
            "keep a float8 linear's input for the backward as the grad-weight GEMM's float8 x^T, written by the "
            "forward, instead of in bf16 (half the bytes; the same values), where only float8 linears read it "
            "there: the norms' and SwiGLU's outputs, when kept; recipes with a bf16 grad-weight GEMM keep bf16"),
+      bind("float8", "keep_transposed_weights", &C::float8, &Float8Section::keep_transposed_weights,
+           "tensorwise: keep a float8 W^T copy of every float8 linear beside W (1 byte per parameter more) "
+           "instead of transposing W's codes into scratch at each backward use (the same bytes); the other "
+           "recipes always keep W^T, whose scales are its own"),
       bind("float8", "all_gather", &C::float8, &Float8Section::all_gather,
            "sharded runs with the tensorwise recipe: all-gather float8 linears' weights in e4m3 (scales from "
            "one all-reduce of every weight's amax) instead of bf16; other recipes gather in bf16"),

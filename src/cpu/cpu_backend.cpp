@@ -46,6 +46,7 @@ class CpuBackend final : public Backend {
   void quantize(const QuantizeArgs& args) override { cpu::quantize(args); }
   void quantize_blocks(const BlockQuantizeArgs& args) override { cpu::quantize_blocks(args); }
   void dequantize(const DequantizeArgs& args) override { cpu::dequantize(args); }
+  void transpose(const TransposeArgs& args) override { cpu::transpose(args); }
   void scale_from_amax(const ScaleFromAmaxArgs& args) override { cpu::scale_from_amax(args); }
 
   void copy_to_device(TensorView dst, const void* host_src) override {

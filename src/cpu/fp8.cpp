@@ -196,4 +196,20 @@ void dequantize(const DequantizeArgs& args) {
   }
 }
 
+void transpose(const TransposeArgs& args) {
+  const std::string op = "transpose";
+  require_cpu(args.src, op, "src");
+  require_cpu(args.dst, op, "dst");
+  require(is_float8(args.src.dtype) && args.dst.dtype == args.src.dtype, op,
+          "expected float8 src and dst of the same dtype, found " + args.src.str() + " and " + args.dst.str());
+  const int64_t rows = args.src.rows(), cols = args.src.cols();
+  require(args.dst.rows() == cols && args.dst.cols() == rows, op,
+          "expected dst of src transposed, (" + std::to_string(cols) + ", " + std::to_string(rows) + "), found " +
+              args.dst.str());
+  const auto* in = args.src.as<const uint8_t>();
+  auto* out = args.dst.as<uint8_t>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
+}
+
 }  // namespace smelt::cpu

@@ -19,6 +19,7 @@ void scale_from_amax(const ScaleFromAmaxArgs& args);
 
 // dst = float8_to_float(src) / scale in float32, then rounded to dst's dtype.
 void dequantize(const DequantizeArgs& args);
+void transpose(const TransposeArgs& args);
 
 // Block-scaled float8 (core/float8_blocks.h): each tile's or block's amax, its dequantisation
 // scale and its codes, for dst and/or dst_transposed (see BlockQuantizeArgs).

@@ -272,6 +272,7 @@ void CudaBackend::amax(const AmaxArgs& args) { cuda::amax(state_->context, args)
 void CudaBackend::quantize(const QuantizeArgs& args) { cuda::quantize(state_->context, args); }
 void CudaBackend::quantize_blocks(const BlockQuantizeArgs& args) { cuda::quantize_blocks(state_->context, args); }
 void CudaBackend::dequantize(const DequantizeArgs& args) { cuda::dequantize(state_->context, args); }
+void CudaBackend::transpose(const TransposeArgs& args) { cuda::transpose(state_->context, args); }
 void CudaBackend::scale_from_amax(const ScaleFromAmaxArgs& args) { cuda::scale_from_amax(state_->context, args); }
 void CudaBackend::fill(TensorView dst, float value) { cuda::fill(state_->context, dst, value); }
 

@@ -82,6 +82,7 @@ class CudaBackend final : public Backend {
   void quantize(const QuantizeArgs& args) override;
   void quantize_blocks(const BlockQuantizeArgs& args) override;
   void dequantize(const DequantizeArgs& args) override;
+  void transpose(const TransposeArgs& args) override;
   void scale_from_amax(const ScaleFromAmaxArgs& args) override;
 
   void copy_to_device(TensorView dst, const void* host_src) override;

@@ -160,6 +160,7 @@ void amax(CudaContext& context, const AmaxArgs& args);
 void quantize(CudaContext& context, const QuantizeArgs& args);
 void quantize_blocks(CudaContext& context, const BlockQuantizeArgs& args);  // fp8_blocks.cu
 void dequantize(CudaContext& context, const DequantizeArgs& args);
+void transpose(CudaContext& context, const TransposeArgs& args);
 void scale_from_amax(CudaContext& context, const ScaleFromAmaxArgs& args);
 void fill(CudaContext& context, TensorView destination, float value);
 

@@ -267,6 +267,47 @@ __global__ void quantize_transposed(const T* src, uint8_t* dst, int64_t rows, in
   }
 }
 
+// Byte transpose over 64 x 64 tiles, 256 threads: each thread loads 16 bytes of one src row into
+// shared memory, then gathers 16 bytes of one src column (a dst row) into a 16-byte store. Needs
+// rows and cols multiples of 16 and 16-byte aligned pointers.
+__global__ void transpose_tile(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t cols) {
+  __shared__ uint8_t tile[kCastTile][kCastTile + 4];
+  const int64_t row0 = int64_t(blockIdx.y) * kCastTile, column0 = int64_t(blockIdx.x) * kCastTile;
+  {
+    const int r = threadIdx.x / 4, c = (threadIdx.x % 4) * 16;
+    const int64_t row = row0 + r, column = column0 + c;
+    if (row < rows && column < cols) {
+      const uint4 chunk = *reinterpret_cast<const uint4*>(src + row * cols + column);
+      const auto* bytes = reinterpret_cast<const uint8_t*>(&chunk);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) tile[r][c + j] = bytes[j];
+    }
+  }
+  __syncthreads();
+  const int c = threadIdx.x % kCastTile, r = (threadIdx.x / kCastTile) * 16;
+  const int64_t row = row0 + r, column = column0 + c;
+  if (row >= rows || column >= cols) return;
+  uint8_t codes[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) codes[j] = tile[r + j][c];
+  store_codes(dst + column * rows + row, codes);
+}
+
+// Byte transpose for any shape, one element per thread through a 32 x 32 tile.
+__global__ void transpose_elements(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t cols) {
+  __shared__ uint8_t tile[kTile][kTile + 1];
+  const int64_t column0 = int64_t(blockIdx.x) * kTile, row0 = int64_t(blockIdx.y) * kTile;
+  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+    const int64_t r = row0 + i, c = column0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+    const int64_t c = column0 + i, r = row0 + threadIdx.x;
+    if (r < rows && c < cols) dst[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
 __global__ void scales_from_amax(const float* amax, float* scale, int64_t count, Float8Format format, bool power_of_two) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i < count) scale[i] = amax_to_scale(amax[i], format, power_of_two);
@@ -431,6 +472,29 @@ void scale_from_amax(CudaContext& context, const ScaleFromAmaxArgs& args) {
   scales_from_amax<<<unsigned((count + 255) / 256), 256, 0, context.stream>>>(
       args.amax.as<float>(), args.scale.as<float>(), count, format, args.round_to_power_of_two);
   SMELT_CUDA_LAUNCH_CHECK("scales_from_amax");
+}
+
+void transpose(CudaContext& context, const TransposeArgs& args) {
+  const char* op = "transpose";
+  expect_device(args.src, op, "src");
+  expect_device(args.dst, op, "dst");
+  format_of(args.src.dtype, op);
+  const int64_t rows = args.src.rows(), cols = args.src.cols();
+  if (args.dst.dtype != args.src.dtype || args.dst.rows() != cols || args.dst.cols() != rows)
+    fail(ErrorKind::internal, "cuda transpose: expected dst of src transposed, " + std::string(dtype_name(args.src.dtype)) +
+                                  " (" + std::to_string(cols) + ", " + std::to_string(rows) + "), found " + args.dst.str());
+  if (rows == 0 || cols == 0) return;
+  const uint8_t* src = args.src.as<uint8_t>();
+  uint8_t* dst = args.dst.as<uint8_t>();
+  if (aligned16(src) && aligned16(dst) && rows % 16 == 0 && cols % 16 == 0) {
+    const dim3 grid(unsigned((cols + kCastTile - 1) / kCastTile), unsigned((rows + kCastTile - 1) / kCastTile));
+    transpose_tile<<<grid, 256, 0, context.stream>>>(src, dst, rows, cols);
+    SMELT_CUDA_LAUNCH_CHECK("transpose_tile");
+    return;
+  }
+  const dim3 grid(unsigned((cols + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile)), block(kTile, 8);
+  transpose_elements<<<grid, block, 0, context.stream>>>(src, dst, rows, cols);
+  SMELT_CUDA_LAUNCH_CHECK("transpose_elements");
 }
 
 void dequantize(CudaContext& context, const DequantizeArgs& args) {

@@ -88,7 +88,7 @@ GemmCast float8_gemm_cast(Float8Recipe recipe, LinearGemm gemm) {
 }
 
 Float8ScratchSizes float8_scratch_sizes(const ModelConfig& model, int64_t tokens, Float8Recipe recipe,
-                                        bool per_use_weights) {
+                                        bool per_use_weights, bool transposes_per_use) {
   Float8ScratchSizes sizes;
   const bool grad_weight = float8_gemm_enabled(recipe, LinearGemm::grad_weight);
   const GemmCast output = float8_gemm_cast(recipe, LinearGemm::output);
@@ -105,6 +105,7 @@ Float8ScratchSizes float8_scratch_sizes(const ModelConfig& model, int64_t tokens
       sizes.input_transposed = std::max(sizes.input_transposed, tokens * in);
     }
     if (per_use_weights) sizes.weight = std::max(sizes.weight, out * in);
+    if (per_use_weights || transposes_per_use) sizes.weight_transposed = std::max(sizes.weight_transposed, out * in);
     sizes.scales = std::max({sizes.scales, operand_scale_count(output.a.scaling, tokens, in),
                              operand_scale_count(input.a.scaling, tokens, out),
                              operand_scale_count(output.b.scaling, out, in),
@@ -129,7 +130,8 @@ int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1
 
 int64_t float8_scratch_value_bytes(const Float8ScratchSizes& sizes) {
   return round_up(sizes.activation, kSlotAlignment) + round_up(sizes.activation_transposed, kSlotAlignment) +
-         round_up(sizes.input_transposed, kSlotAlignment) + 2 * round_up(sizes.weight, kSlotAlignment);
+         round_up(sizes.input_transposed, kSlotAlignment) + round_up(sizes.weight, kSlotAlignment) +
+         round_up(sizes.weight_transposed, kSlotAlignment);
 }
 
 int64_t float8_scratch_statistic_floats(const Float8ScratchSizes& sizes) {
@@ -161,12 +163,13 @@ Float8Scratch float8_scratch_views(const Float8ScratchSizes& sizes, const Tensor
   scratch.activation_transposed = slot(sizes.activation_transposed);
   scratch.input_transposed = slot(sizes.input_transposed);
   scratch.weight = slot(sizes.weight);
-  scratch.weight_transposed = slot(sizes.weight);
+  scratch.weight_transposed = slot(sizes.weight_transposed);
   return scratch;
 }
 
 Float8WeightLayout float8_weight_layout(const ModelConfig& model, Float8Recipe recipe,
-                                        const std::vector<std::array<bool, kLayerWeightCount>>& float8) {
+                                        const std::vector<std::array<bool, kLayerWeightCount>>& float8,
+                                        bool transposed) {
   Float8WeightLayout layout;
   for (const auto& layer : float8) {
     std::array<int64_t, kLayerWeightCount> values, scales;
@@ -178,7 +181,7 @@ Float8WeightLayout float8_weight_layout(const ModelConfig& model, Float8Recipe r
       const int64_t out = spec.dims[0], in = spec.dims[1];
       values[size_t(w)] = layout.value_bytes;
       scales[size_t(w)] = layout.scale_floats;
-      layout.value_bytes += round_up(2 * out * in, kSlotAlignment);
+      layout.value_bytes += round_up((transposed ? 2 : 1) * out * in, kSlotAlignment);
       layout.scale_floats += round_up(float8_weight_scale_count(recipe, out, in), kStatisticAlignment);
     }
     layout.value_offset.push_back(values);
@@ -204,12 +207,13 @@ int64_t float8_weight_scale_count(Float8Recipe recipe, int64_t out, int64_t in) 
 }
 
 Float8Weight float8_weight_views(Float8Recipe recipe, int64_t out, int64_t in, const TensorView& values,
-                                 const TensorView& scales) {
+                                 const TensorView& scales, bool transposed) {
   const OperandCast rows_cast = float8_gemm_cast(recipe, LinearGemm::output).b;
   const OperandCast transposed_cast = float8_gemm_cast(recipe, LinearGemm::grad_input).b;
   const int64_t rows_scales = operand_scale_count(rows_cast.scaling, out, in);
   const int64_t transposed_scales = operand_scale_count(transposed_cast.scaling, in, out);
-  SMELT_CHECK(values.numel() >= 2 * out * in && scales.numel() >= float8_weight_scale_count(recipe, out, in),
+  SMELT_CHECK(values.numel() >= (transposed ? 2 : 1) * out * in &&
+                  scales.numel() >= float8_weight_scale_count(recipe, out, in),
               "float8 weight copy views too small for (" + std::to_string(out) + ", " + std::to_string(in) + ")");
   auto* bytes = static_cast<uint8_t*>(values.data);
   auto* floats = static_cast<float*>(scales.data);
@@ -217,6 +221,7 @@ Float8Weight float8_weight_views(Float8Recipe recipe, int64_t out, int64_t in, c
   w.rows.values = TensorView(bytes, rows_cast.dtype, Shape{out, in}, values.device);
   w.rows.scale = TensorView(floats, DType::f32, Shape{rows_scales}, scales.device);
   w.rows.scaling = rows_cast.scaling;
+  if (!transposed) return w;
   w.transposed.values = TensorView(bytes + out * in, transposed_cast.dtype, Shape{in, out}, values.device);
   w.transposed.scale = TensorView(floats + rows_scales, DType::f32, Shape{transposed_scales}, scales.device);
   w.transposed.scaling = transposed_cast.scaling;
@@ -260,7 +265,8 @@ void quantize_weight(Backend& backend, Float8Recipe recipe, const TensorView& we
     return;
   }
   const bool rowwise = cast.scaling == OperandScaling::rowwise;
-  SMELT_CHECK(amax.numel() >= (rowwise ? out : 1) && amax_transposed.numel() >= (rowwise ? in : 1),
+  const bool both = !copy.transposed.values.empty();
+  SMELT_CHECK(amax.numel() >= (rowwise ? out : 1) && amax_transposed.numel() >= (rowwise && both ? in : 1),
               "quantize_weight: amax scratch too small for " + weight.str());
   const TensorView row_amax(amax.data, DType::f32, Shape{rowwise ? out : 1}, amax.device);
   const TensorView column_amax(amax_transposed.data, DType::f32, Shape{rowwise ? in : 1}, amax_transposed.device);
@@ -268,7 +274,7 @@ void quantize_weight(Backend& backend, Float8Recipe recipe, const TensorView& we
   a.x = weight;
   a.amax = row_amax;
   a.rowwise = rowwise;
-  if (rowwise) a.column_amax = column_amax;  // tensorwise: both layouts share the tensor's amax
+  if (rowwise && both) a.column_amax = column_amax;  // tensorwise: both layouts share the tensor's amax
   backend.amax(a);
   QuantizeArgs q;
   q.src = weight;
@@ -277,9 +283,11 @@ void quantize_weight(Backend& backend, Float8Recipe recipe, const TensorView& we
   q.amax = row_amax;
   q.rowwise = rowwise;
   q.round_scale_to_power_of_two = cast.round_scale_to_power_of_two;
-  q.dst_transposed = copy.transposed.values;
-  q.amax_transposed = rowwise ? column_amax : row_amax;
-  q.scale_transposed = copy.transposed.scale;
+  if (both) {
+    q.dst_transposed = copy.transposed.values;
+    q.amax_transposed = rowwise ? column_amax : row_amax;
+    q.scale_transposed = copy.transposed.scale;
+  }
   backend.quantize(q);
 }
 
@@ -472,9 +480,21 @@ void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8S
   }
 
   // dx (N, in) = dy (N, out) @ (W^T (in, out))^T: K = out, so W is used transposed.
-  const QuantizedOperand w_transposed =
-      state.weight.empty() ? quantize_operand(backend, weight, true, input_cast.b, scratch.weight_transposed)
-                           : state.weight.transposed;
+  QuantizedOperand w_transposed;
+  if (state.weight.empty()) {  // sharded: cast from the gathered weight
+    w_transposed = quantize_operand(backend, weight, true, input_cast.b, scratch.weight_transposed);
+  } else if (state.weight.transposed.values.empty()) {  // W's codes transposed: tensorwise, one shared scale
+    const QuantizedOperand& w = state.weight.rows;
+    SMELT_CHECK(w.scaling == OperandScaling::tensorwise && input_cast.b.scaling == OperandScaling::tensorwise &&
+                    w.values.dtype == input_cast.b.dtype,
+                "float8_linear_backward: only a tensorwise W^T can be made by transposing W's codes; recipe " +
+                    std::string(float8_recipe_name(recipe)) + " needs its W^T copy");
+    w_transposed = {prefix(scratch.weight_transposed.values, w.values.dtype, Shape{w.values.cols(), w.values.rows()}),
+                    w.scale, OperandScaling::tensorwise};
+    backend.transpose({w.values, w_transposed.values});
+  } else {
+    w_transposed = state.weight.transposed;
+  }
   float8_gemm(backend, dy, w_transposed, input_cast.fast_accumulation, grad_input, {}, accumulate_grad_input);
 
   if (!float8_grad_weight) {  // dW (out, in) = dy^T @ x in the compute dtype

@@ -38,7 +38,18 @@ struct Float8Options {
   // the forward in the same pass as x, instead of in the compute dtype. Same bytes as casting it
   // in the backward; recipes whose grad-weight GEMM is not in float8 keep the compute dtype.
   bool save_inputs_in_float8 = true;
+  // Keep a float8 W^T copy of every float8 linear beside W (1 byte per parameter more) instead of
+  // transposing W's codes into scratch at each backward use. Tensorwise only: W and W^T share the
+  // scale, so the transpose is exact; the other recipes' W^T have scales of their own and are
+  // always kept.
+  bool keep_transposed_weights = false;
 };
+
+// True when float8 linears' W^T copies are made at each backward use from W's codes (unsharded
+// tensorwise plans without keep_transposed_weights).
+inline bool float8_transposes_per_use(const Float8Options& options) {
+  return options.recipe == Float8Recipe::tensorwise && !options.keep_transposed_weights;
+}
 
 // The filter_fqns entry that turns on the size filter (torchtitan's name for it).
 inline constexpr std::string_view kFloat8AutoFilter = "auto_filter_small_kn";
@@ -85,7 +96,8 @@ struct QuantizedOperand {
 };
 
 // A weight W (out, in) in float8 for one step: `rows` is W itself (K = in, the output GEMM's b),
-// `transposed` is W^T (in, out) (K = out, the grad-input GEMM's b). Tensorwise: one scale, the
+// `transposed` is W^T (in, out) (K = out, the grad-input GEMM's b); empty when the backward
+// transposes W's codes at each use (float8_transposes_per_use). Tensorwise: one scale, the
 // same in both; rowwise: one per row of each; blockwise: one per 128x128 block of each (the
 // same blocks, transposed).
 struct Float8Weight {
@@ -103,18 +115,20 @@ struct Float8Scratch {
   Float8Slot activation;             // x (N, in) or dy (N, out): the GEMMs' left operand, K-major
   Float8Slot activation_transposed;  // dy^T (out, N): the grad-weight GEMM's left operand
   Float8Slot input_transposed;       // x^T (in, N): the grad-weight GEMM's right operand
-  // Only when weights are not quantised once per step (sharded plans): W and W^T per use.
+  // Only when weights are not quantised once per step (sharded plans): W and W^T per use; W^T also
+  // when it is transposed from W's codes at each use.
   Float8Slot weight, weight_transposed;
 };
 
 // Element counts of the scratch, over the linears of one block with N = `tokens`. `per_use_weights`:
 // the weight slots are needed (no planned float8 weight copies).
 struct Float8ScratchSizes {
-  int64_t activation = 0, activation_transposed = 0, input_transposed = 0, weight = 0;  // bytes
+  int64_t activation = 0, activation_transposed = 0, input_transposed = 0, weight = 0, weight_transposed = 0;  // bytes
   int64_t scales = 0;  // floats per amax / scale view: the most scales any operand has
 };
+// `transposes_per_use`: the W^T slot is needed (W^T transposed from planned W copies at each use).
 Float8ScratchSizes float8_scratch_sizes(const ModelConfig& model, int64_t tokens, Float8Recipe recipe,
-                                        bool per_use_weights);
+                                        bool per_use_weights, bool transposes_per_use = false);
 // The scratch as two planned buffers: the slots' values (bytes, each slot 256-byte aligned) and
 // their amax and scales (floats).
 int64_t float8_scratch_value_bytes(const Float8ScratchSizes& sizes);
@@ -122,14 +136,15 @@ int64_t float8_scratch_statistic_floats(const Float8ScratchSizes& sizes);
 Float8Scratch float8_scratch_views(const Float8ScratchSizes& sizes, const TensorView& values,
                                    const TensorView& statistics);
 
-// Where every float8 linear's weight copies (W then W^T, 256-byte aligned) and their scales
-// live in two planned buffers; -1 for linears not in float8.
+// Where every float8 linear's weight copies (W then W^T, 256-byte aligned; W alone when
+// `transposed` is false) and their scales live in two planned buffers; -1 for linears not in float8.
 struct Float8WeightLayout {
   std::vector<std::array<int64_t, kLayerWeightCount>> value_offset, scale_offset;
   int64_t value_bytes = 0, scale_floats = 0;
 };
 Float8WeightLayout float8_weight_layout(const ModelConfig& model, Float8Recipe recipe,
-                                        const std::vector<std::array<bool, kLayerWeightCount>>& float8);
+                                        const std::vector<std::array<bool, kLayerWeightCount>>& float8,
+                                        bool transposed = true);
 
 // What one float8 linear keeps across the step besides its weight copies.
 struct Float8LinearState {
@@ -146,15 +161,16 @@ struct Float8LinearState {
 int64_t float8_saved_input_bytes(Float8Recipe recipe, int64_t in, int64_t tokens);
 QuantizedOperand float8_saved_input_view(Float8Recipe recipe, int64_t in, int64_t tokens, const TensorView& buffer);
 
-// Quantises W (out, in) into both layouts of `copy` with one amax pass and one cast pass.
+// Quantises W (out, in) into both layouts of `copy` (W alone when copy.transposed is empty) with
+// one amax pass and one cast pass.
 // `amax` and `amax_transposed` are scratch of at least (out) and (in) floats.
 void quantize_weight(Backend& backend, Float8Recipe recipe, const TensorView& weight, const Float8Weight& copy,
                      const TensorView& amax, const TensorView& amax_transposed);
 
-// Views of a weight copy over planned memory: values (2 * out * in bytes: W then W^T) and scales
-// (float8_weight_scale_count floats: W's then W^T's).
+// Views of a weight copy over planned memory: values (2 * out * in bytes: W then W^T; out * in
+// without `transposed`) and scales (float8_weight_scale_count floats: W's then W^T's).
 Float8Weight float8_weight_views(Float8Recipe recipe, int64_t out, int64_t in, const TensorView& values,
-                                 const TensorView& scales);
+                                 const TensorView& scales, bool transposed = true);
 int64_t float8_weight_scale_count(Float8Recipe recipe, int64_t out, int64_t in);
 
 // Quantises src (rows, cols), or src^T when `transpose`, into the slot: one amax pass, one cast

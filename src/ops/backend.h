@@ -59,6 +59,7 @@ class Backend {
   virtual void quantize(const QuantizeArgs& args) = 0;
   virtual void quantize_blocks(const BlockQuantizeArgs& args) = 0;
   virtual void dequantize(const DequantizeArgs& args) = 0;
+  virtual void transpose(const TransposeArgs& args) = 0;
   virtual void scale_from_amax(const ScaleFromAmaxArgs& args) = 0;
 
   // Host <-> backend copies (start-up, logging, checkpoints; never inside a step's math).

@@ -214,6 +214,13 @@ struct BlockQuantizeArgs {
   bool weight_blocks = false;
 };
 
+// dst = src^T for float8 codes, byte for byte: a tensorwise weight's W^T from its W (both layouts
+// share the one scale, so transposing the codes gives exactly the codes a transposed cast writes).
+struct TransposeArgs {
+  TensorView src;  // (rows, cols) e4m3 / e5m2
+  TensorView dst;  // (cols, rows), the same dtype
+};
+
 struct DequantizeArgs {
   TensorView src;      // (rows, cols) e4m3 / e5m2
   TensorView dst;      // (rows, cols) f32 / bf16

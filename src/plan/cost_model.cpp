@@ -228,6 +228,9 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
                                  tokens;
           extra_bytes += (2 * outputs + inputs + weight_elements(*w, m)) * (2 * width + 1);
           launches += 6;
+          const bool sharded = o.shard_degree > 1 || o.shard_single_rank;
+          if (!sharded && float8_transposes_per_use(o.float8))  // W^T from W's codes: read, write a byte
+            extra_bytes += 2 * weight_elements(*w, m), launches += 1;
         }
       }
       break;
@@ -259,8 +262,9 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
       break;
     }
     case StepKind::cast_weights: {  // unsharded float8 linears from the fp32 master: an amax pass and a
-      const Float8Weights f = float8_weights(m, o);  // cast pass read it, the cast writes W and W^T (e4m3)
-      bytes = (4 + 4 + 2) * f.elements, launches = 2 * f.linears;
+      const Float8Weights f = float8_weights(m, o);  // cast pass read it, the cast writes W and W^T (e4m3;
+      const double copies = float8_transposes_per_use(o.float8) ? 1 : 2;  // W alone when W^T is made per use)
+      bytes = (4 + 4 + copies) * f.elements, launches = 2 * f.linears;
       break;
     }
     case StepKind::loss_reduce: bytes = tokens * 4; break;

@@ -180,7 +180,10 @@ std::string format_plan(const StepPlan& plan, bool list_steps) {
   if (plan.compute_weights >= 0) out << "weights: " << compute_copy_summary(plan) << "\n";
   if (plan.float8_scratch >= 0) {
     out << "float8:  recipe " << float8_recipe_name(plan.options.float8.recipe)
-        << (plan.float8_weights >= 0 ? "; weights quantised once per step (after the optimizer, from the fp32 master) into W and W^T copies"
+        << (plan.float8_weights >= 0 && float8_transposes_per_use(plan.options.float8)
+                ? "; weights quantised once per step (after the optimizer, from the fp32 master) into W copies, "
+                  "W^T transposed from W's codes at each backward use"
+            : plan.float8_weights >= 0 ? "; weights quantised once per step (after the optimizer, from the fp32 master) into W and W^T copies"
             : plan.float8_gathered() ? "; weights gathered in e4m3 (scales from one amax all-reduce), W^T made after the gather"
                                      : "; weights quantised at each use (sharded plan, gathered in bf16)")
         << "\n         " << float8_linear_summary(plan) << "\n"

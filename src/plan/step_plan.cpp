@@ -143,11 +143,15 @@ using plan_detail::spec_shape;
 void add_float8_buffers(PlanBuilder& b, StepPlan& plan, int64_t tokens) {
   const Float8Recipe recipe = plan.options.float8.recipe;
   const bool weight_copies = !plan.sharded();
-  plan.float8_sizes = float8_scratch_sizes(plan.model, tokens, recipe, !weight_copies && !float8_gather_wanted(plan));
+  const bool transposes_per_use = weight_copies && float8_transposes_per_use(plan.options.float8);
+  plan.float8_sizes = float8_scratch_sizes(plan.model, tokens, recipe, !weight_copies && !float8_gather_wanted(plan),
+                                           transposes_per_use);
   const Shape scratch_bytes{float8_scratch_value_bytes(plan.float8_sizes)};
   plan.float8_scratch = b.buffer("float8 scratch, forward (x in e4m3, K-major)", DType::e4m3, scratch_bytes,
                                  BufferClass::workspace);
-  plan.float8_scratch_backward = b.buffer("float8 scratch, recompute and backward (x, dy, dy^T, x^T in e4m3/e5m2)",
+  plan.float8_scratch_backward = b.buffer(transposes_per_use
+                                              ? "float8 scratch, recompute and backward (x, dy, dy^T, x^T, W^T in e4m3/e5m2)"
+                                              : "float8 scratch, recompute and backward (x, dy, dy^T, x^T in e4m3/e5m2)",
                                           DType::e4m3, scratch_bytes, BufferClass::workspace);
   plan.float8_statistics = b.buffer("float8 scratch amax and scales", DType::f32,
                                     Shape{float8_scratch_statistic_floats(plan.float8_sizes)}, BufferClass::workspace,
@@ -155,8 +159,10 @@ void add_float8_buffers(PlanBuilder& b, StepPlan& plan, int64_t tokens) {
   if (!weight_copies) return;
   std::vector<std::array<bool, kLayerWeightCount>> float8;
   for (const auto& lb : plan.layers) float8.push_back(lb.float8);
-  plan.float8_weight_layout = float8_weight_layout(plan.model, recipe, float8);
-  plan.float8_weights = b.buffer("float8 weights (W and W^T, e4m3)", DType::e4m3,
+  plan.float8_weight_layout = float8_weight_layout(plan.model, recipe, float8, !transposes_per_use);
+  plan.float8_weights = b.buffer(transposes_per_use ? "float8 weights (W, e4m3; W^T transposed from it at each use)"
+                                                    : "float8 weights (W and W^T, e4m3)",
+                                 DType::e4m3,
                                  Shape{plan.float8_weight_layout.value_bytes}, BufferClass::compute_weights, true);
   plan.float8_weight_scales = b.buffer("float8 weight scales", DType::f32, Shape{plan.float8_weight_layout.scale_floats},
                                        BufferClass::compute_weights, true);

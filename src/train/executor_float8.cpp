@@ -33,6 +33,7 @@ std::array<Float8LinearState, kLayerWeightCount> Executor::float8_states(int lay
   const TensorView input_amax = plan_.float8_input_amax >= 0 ? view(plan_.float8_input_amax) : TensorView();
   const TensorView values = plan_.float8_weights >= 0 ? view(plan_.float8_weights) : TensorView();
   const TensorView scales = plan_.float8_weights >= 0 ? view(plan_.float8_weight_scales) : TensorView();
+  const bool transposed = !float8_transposes_per_use(plan_.options.float8);  // planned W^T copies
   for (int w = 0; w < kLayerWeightCount; ++w) {
     if (!lb.float8[static_cast<size_t>(w)]) continue;
     auto& state = states[static_cast<size_t>(w)];
@@ -46,9 +47,10 @@ std::array<Float8LinearState, kLayerWeightCount> Executor::float8_states(int lay
     const int64_t scale_offset = plan_.float8_weight_layout.scale_offset.at(static_cast<size_t>(layer))[static_cast<size_t>(w)];
     state.weight = float8_weight_views(
         plan_.options.float8.recipe, out, in,
-        TensorView(values.as<uint8_t>() + value_offset, DType::e4m3, Shape{2 * out * in}, values.device),
+        TensorView(values.as<uint8_t>() + value_offset, DType::e4m3, Shape{(transposed ? 2 : 1) * out * in}, values.device),
         TensorView(scales.as<float>() + scale_offset, DType::f32,
-                   Shape{float8_weight_scale_count(plan_.options.float8.recipe, out, in)}, scales.device));
+                   Shape{float8_weight_scale_count(plan_.options.float8.recipe, out, in)}, scales.device),
+        transposed);
   }
   return states;
 }

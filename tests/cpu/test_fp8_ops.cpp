@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/numerics.h"
@@ -239,6 +240,26 @@ TEST(CpuQuantize, HandComputedBothLayoutsWithScalesFromAmax) {
   cpu::quantize(t);
   EXPECT_EQ(tensor_scale, 57344.0f / 3.0f);
   EXPECT_EQ(e5m2, (std::vector<uint8_t>{0x75, 0x71, 0xF9, 0x7B}));
+}
+
+// The byte transpose (tensorwise W^T from W's codes): every code lands at its transposed place,
+// on shapes with and without multiples of 16; a (cols, rows) dst of the wrong dtype or shape is
+// refused.
+TEST(CpuTranspose, MovesEveryCodeToItsTransposedPlace) {
+  std::mt19937 random(41);
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{48, 80}, {7, 13}, {1, 5}}) {
+    std::vector<uint8_t> codes(size_t(rows * cols)), out(size_t(rows * cols), 0x7F);
+    for (auto& c : codes) c = uint8_t(random());
+    cpu::transpose({TensorView(codes.data(), DType::e4m3, Shape{rows, cols}),
+                    TensorView(out.data(), DType::e4m3, Shape{cols, rows})});
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        ASSERT_EQ(out[size_t(c * rows + r)], codes[size_t(r * cols + c)]) << rows << "x" << cols << " at " << r << ", " << c;
+  }
+  std::vector<uint8_t> codes(12), out(12);
+  const TensorView src(codes.data(), DType::e4m3, Shape{3, 4});
+  EXPECT_THROW(cpu::transpose({src, TensorView(out.data(), DType::e4m3, Shape{3, 4})}), Error);
+  EXPECT_THROW(cpu::transpose({src, TensorView(out.data(), DType::e5m2, Shape{4, 3})}), Error);
 }
 
 TEST(CpuFp8Ops, RejectsBadArguments) {

@@ -21,6 +21,8 @@ class CudaFloat8LinearTest : public CudaOpsTest {
   // Keep x for the backward as float8 x^T (Float8LinearState::saved_input), written by the forward;
   // the backward then gets no x at all.
   bool keep_x_in_float8_ = false;
+  // Tensorwise weight copies without W^T: the backward transposes W's codes into scratch.
+  bool transpose_per_use_ = false;
 
   // The first `count` elements of a view (host or device) as a host tensor.
   HostTensor prefix(const TensorView& view, int64_t count) {
@@ -36,6 +38,7 @@ class CudaFloat8LinearTest : public CudaOpsTest {
     const std::string what = std::string(float8_recipe_name(recipe)) +
                              (weight_copies ? ", weight copies" : ", weights per use") +
                              (keep_x_in_float8_ ? ", x kept as float8 x^T" : "") +
+                             (transpose_per_use_ ? ", W^T transposed per use" : "") +
                              (residual ? ", residual addend and accumulated dx" : "");
     SCOPED_TRACE(what);
     const bool tensorwise = recipe == Float8Recipe::tensorwise;
@@ -48,6 +51,7 @@ class CudaFloat8LinearTest : public CudaOpsTest {
     sizes.activation_transposed = float8_grad_weight ? tokens * out : 0;
     sizes.input_transposed = float8_grad_weight ? tokens * in : 0;
     sizes.weight = weight_copies ? 0 : out * in;
+    sizes.weight_transposed = weight_copies && !transpose_per_use_ ? 0 : out * in;
     sizes.scales = std::max({tokens, in, out, operand_scale_count(tiles, tokens, std::max(in, out)),
                              operand_scale_count(tiles, std::max(in, out), tokens),
                              operand_scale_count(weights, out, in), operand_scale_count(weights, in, out)});
@@ -72,7 +76,7 @@ class CudaFloat8LinearTest : public CudaOpsTest {
     const Float8Scratch cpu_scratch = float8_scratch_views(sizes, cpu_values.view, cpu_statistics.view);
     Float8LinearState cpu_state;
     if (weight_copies) {
-      cpu_state.weight = float8_weight_views(recipe, out, in, cpu_copy.view, cpu_copy_scales.view);
+      cpu_state.weight = float8_weight_views(recipe, out, in, cpu_copy.view, cpu_copy_scales.view, !transpose_per_use_);
       quantize_weight(*cpu_, recipe, weight.view, cpu_state.weight, cpu_scratch.activation.amax,
                       cpu_scratch.activation_transposed.amax);
     }
@@ -95,7 +99,7 @@ class CudaFloat8LinearTest : public CudaOpsTest {
     Float8LinearState state;
     TensorView device_x = upload(x), device_weight = upload(weight), device_grad = upload(grad_output);
     if (weight_copies) {
-      state.weight = float8_weight_views(recipe, out, in, copy, copy_scales);
+      state.weight = float8_weight_views(recipe, out, in, copy, copy_scales, !transpose_per_use_);
       quantize_weight(*cuda_, recipe, device_weight, state.weight, scratch.activation.amax,
                       scratch.activation_transposed.amax);
     }
@@ -158,6 +162,13 @@ TEST_F(CudaFloat8LinearTest, RowwiseWithHighPrecisionGradWeightMatchesTheCpuEmul
 TEST_F(CudaFloat8LinearTest, WeightsQuantisedPerUseMatchTheCpuEmulation) {
   for (Float8Recipe recipe : {Float8Recipe::tensorwise, Float8Recipe::rowwise, Float8Recipe::rowwise_with_gw_hp})
     check(recipe, false, false);
+}
+// Tensorwise W^T transposed from W's codes at each backward use (no W^T copy): the scratch W^T and
+// the grad-input GEMM on it as the CPU has them.
+TEST_F(CudaFloat8LinearTest, TensorwiseWithWTransposedPerUseMatchesTheCpuEmulation) {
+  transpose_per_use_ = true;
+  check(Float8Recipe::tensorwise, true, false);
+  check(Float8Recipe::tensorwise, true, true);
 }
 // x kept for the backward as float8 x^T, written by the forward's cast of x in the same pass: the
 // bytes and scales as the CPU writes them, and the backward's GEMMs on them, without x.

@@ -149,5 +149,25 @@ TEST_F(CudaFloat8Ops, CastsWithScalesFromAmaxMatchCpuInEveryLayout) {
         }
 }
 
+// The byte transpose that makes a tensorwise W^T from W: random codes (every byte value), on the
+// tile kernel's shapes and the element-wise fallback's (odd shapes, unaligned views), bit for bit
+// against the CPU, over a poisoned dst.
+TEST_F(CudaFloat8Ops, TransposeOfCodesMatchesCpu) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(name(c, DType::e4m3, "transpose"));
+    HostTensor codes(DType::e4m3, Shape{c.rows, c.cols});
+    Random random(uint64_t(c.rows * 131 + c.cols));
+    for (int64_t i = 0; i < codes.numel(); ++i) codes.view.as<uint8_t>()[i] = uint8_t(random.below(256));
+    HostTensor cpu_out(DType::e4m3, Shape{c.cols, c.rows});
+    cpu_->transpose({codes.view, cpu_out.view});
+    const TensorView out = poisoned(DType::e4m3, Shape{c.cols, c.rows});
+    cuda_->transpose({upload_at(codes, c.offset), out});
+    expect_bits_equal(cpu_out, download(out), "transposed codes");
+  }
+  const TensorView src = poisoned(DType::e4m3, Shape{16, 32});
+  EXPECT_THROW(cuda_->transpose({src, poisoned(DType::e4m3, Shape{16, 32})}), Error);
+  EXPECT_THROW(cuda_->transpose({src, poisoned(DType::e5m2, Shape{32, 16})}), Error);
+}
+
 }  // namespace
 }  // namespace smelt::test

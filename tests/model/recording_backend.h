@@ -66,6 +66,7 @@ class RecordingBackend final : public Backend {
   void quantize(const QuantizeArgs& a) override { inner->quantize(a); }
   void quantize_blocks(const BlockQuantizeArgs& a) override { inner->quantize_blocks(a); }
   void dequantize(const DequantizeArgs& a) override { inner->dequantize(a); }
+  void transpose(const TransposeArgs& a) override { inner->transpose(a); }
   void scale_from_amax(const ScaleFromAmaxArgs& a) override { inner->scale_from_amax(a); }
   void copy_to_device(TensorView d, const void* s) override { inner->copy_to_device(d, s); }
   void copy_to_host(void* d, TensorView s) override { inner->copy_to_host(d, s); }

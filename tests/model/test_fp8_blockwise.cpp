@@ -107,7 +107,7 @@ void check_blockwise_linear(bool weight_copies) {
   sizes.activation = tokens * std::max(in, out);
   sizes.activation_transposed = tokens * out;
   sizes.input_transposed = tokens * in;
-  sizes.weight = weight_copies ? 0 : out * in;
+  sizes.weight = sizes.weight_transposed = weight_copies ? 0 : out * in;
   sizes.scales = tokens * 3;  // dy's tiles: the most of any operand here
   std::vector<uint8_t> values(size_t(float8_scratch_value_bytes(sizes)), 0xAA);
   std::vector<float> statistics(size_t(float8_scratch_statistic_floats(sizes)), NAN);

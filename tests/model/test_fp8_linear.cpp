@@ -121,7 +121,7 @@ void check_linear_recipe(Float8Recipe recipe, bool weight_copies) {
   sizes.activation = tokens * std::max(in, out);
   sizes.activation_transposed = tokens * out;
   sizes.input_transposed = tokens * in;
-  sizes.weight = weight_copies ? 0 : out * in;
+  sizes.weight = sizes.weight_transposed = weight_copies ? 0 : out * in;
   sizes.scales = 8;
   HostScratch scratch(sizes);
   TensorView xv(x.data(), DType::f32, Shape{tokens, in}), wv(w.data(), DType::f32, Shape{out, in});
@@ -412,10 +412,16 @@ TEST(Float8Training, GradientsBitIdenticalAcrossPoliciesRowwiseWithHighPrecision
 
 // The weights are quantised once per step, after the optimizer (and at load): the copies the
 // next step's GEMMs read are the scalar reference quantisation of the updated fp32 master weights.
-void expect_weight_copies_follow_the_optimizer(Float8Recipe recipe) {
-  SCOPED_TRACE(std::string(float8_recipe_name(recipe)));
+// Tensorwise keeps only W unless asked to keep W^T too (its backward transposes W's codes).
+void expect_weight_copies_follow_the_optimizer(Float8Recipe recipe, bool keep_transposed = false) {
+  SCOPED_TRACE(std::string(float8_recipe_name(recipe)) + (keep_transposed ? ", W^T kept" : ""));
   TinyRun run(tiny_model(2), DType::bf16, "selective-op", 2, 6);
-  use_float8(run, recipe);
+  PlanOptions options = run.plan.options;
+  options.float8.recipe = recipe;
+  options.float8.keep_transposed_weights = keep_transposed;
+  run.replan(options);
+  const bool with_transposed = !float8_transposes_per_use(options.float8);
+  EXPECT_EQ(with_transposed, recipe != Float8Recipe::tensorwise || keep_transposed);
   ASSERT_GE(run.plan.float8_weights, 0);
   size_t optimizer = 0, cast = 0;
   for (size_t i = 0; i < run.plan.steps.size(); ++i) {
@@ -450,12 +456,14 @@ void expect_weight_copies_follow_the_optimizer(Float8Recipe recipe) {
       const ExpectedOperand rows = reference(weight, out, in, Float8Format::e4m3, rowwise, rowwise);
       const ExpectedOperand columns = reference(transposed(weight, out, in), in, out, Float8Format::e4m3, rowwise, rowwise);
       EXPECT_EQ(std::vector<uint8_t>(copies + value_offset, copies + value_offset + out * in), rows.codes);
-      EXPECT_EQ(std::vector<uint8_t>(copies + value_offset + out * in, copies + value_offset + 2 * out * in),
-                columns.codes);
       const int64_t row_scales = rowwise ? out : 1, column_scales = rowwise ? in : 1;
       EXPECT_EQ(std::vector<float>(scales + scale_offset, scales + scale_offset + row_scales), rows.scales);
-      EXPECT_EQ(std::vector<float>(scales + scale_offset + row_scales, scales + scale_offset + row_scales + column_scales),
-                columns.scales);
+      if (with_transposed) {
+        EXPECT_EQ(std::vector<uint8_t>(copies + value_offset + out * in, copies + value_offset + 2 * out * in),
+                  columns.codes);
+        EXPECT_EQ(std::vector<float>(scales + scale_offset + row_scales, scales + scale_offset + row_scales + column_scales),
+                  columns.scales);
+      }
       ++checked;
     }
   EXPECT_EQ(checked, 6);
@@ -464,6 +472,7 @@ void expect_weight_copies_follow_the_optimizer(Float8Recipe recipe) {
 TEST(Float8Training, WeightCopiesAreTheUpdatedWeightsQuantised) {
   for (Float8Recipe recipe : {Float8Recipe::tensorwise, Float8Recipe::rowwise, Float8Recipe::rowwise_with_gw_hp})
     expect_weight_copies_follow_the_optimizer(recipe);
+  expect_weight_copies_follow_the_optimizer(Float8Recipe::tensorwise, true);
 }
 
 TEST(Float8Plan, FiltersKeepNamedLinearsInBf16AndRecipeNoneAddsNothing) {
@@ -490,8 +499,9 @@ TEST(Float8Plan, FiltersKeepNamedLinearsInBf16AndRecipeNoneAddsNothing) {
         const auto spec = layer_weight_spec(static_cast<LayerWeight>(w), run.plan.model);
         float8_parameters += spec.dims[0] * spec.dims[1];
       }
-  EXPECT_GE(run.plan.float8_weight_layout.value_bytes, 2 * float8_parameters);
-  EXPECT_LT(run.plan.float8_weight_layout.value_bytes, 2 * float8_parameters + 256 * 2 * kLayerWeightCount);
+  // Tensorwise keeps W alone (W^T is transposed from it at each use): one byte per parameter.
+  EXPECT_GE(run.plan.float8_weight_layout.value_bytes, float8_parameters);
+  EXPECT_LT(run.plan.float8_weight_layout.value_bytes, float8_parameters + 256 * 2 * kLayerWeightCount);
   EXPECT_EQ(run.plan.buffers[size_t(run.plan.float8_weights)].request.bytes,
             size_t(run.plan.float8_weight_layout.value_bytes));
   const auto& first = run.plan.layers[0].float8;
@@ -520,7 +530,7 @@ TEST(Float8Linear, SecondLinearOnTheSameInputReusesItAndKeepsItsOwnAmax) {
   sizes.activation = tokens * std::max(in, out);
   sizes.activation_transposed = tokens * out;
   sizes.input_transposed = tokens * in;
-  sizes.weight = out * in;
+  sizes.weight = sizes.weight_transposed = out * in;
   sizes.scales = 8;
   HostScratch scratch(sizes);
   const TensorView xv(x.data(), DType::f32, Shape{tokens, in});
