@@ -168,7 +168,9 @@ std::vector<ConfigField> config_schema() {
       bind("training", "mixed_precision_param", &C::training, &TrainingSection::mixed_precision_param,
            "activation and compute-weight dtype", one_of({"float32", "bfloat16"})),
       bind("training", "loss_chunk_tokens", &C::training, &TrainingSection::loss_chunk_tokens,
-           "rows of the output projection computed at once", at_least(1)),
+           "rows of the output projection computed at once: each doubling adds a chunk of bf16 logits "
+           "(V x chunk) and halves the passes over the output projection's f32 gradient",
+           at_least(1)),
       bind("training", "cuda_graph", &C::training, &TrainingSection::cuda_graph,
            "CUDA: capture the forward and backward once as a CUDA graph and replay it every step"),
       bind("training", "on_nonfinite", &C::training, &TrainingSection::on_nonfinite,
