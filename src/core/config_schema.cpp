@@ -222,9 +222,10 @@ std::vector<ConfigField> config_schema() {
            "linear layers (by name) kept out of float8; \"auto_filter_small_kn\" also keeps those too small to "
            "gain (torchao's size thresholds per recipe)"),
       bind("float8", "fusion", &C::float8, &Float8Section::fusion,
-           "full: quantisation fused into the kernels that produce each input (not implemented yet: runs as "
-           "linear); linear: standalone cast kernels inside the float8 linears (one input read by consecutive "
-           "linears is cast once)",
+           "full: with tensorwise scaling, the amax of w2's input and of w1's and w3's output gradients is "
+           "taken by SwiGLU forward and backward in the same pass, so those casts skip their amax pass (other "
+           "recipes: as linear); linear: standalone amax and cast kernels inside the float8 linears (one input "
+           "read by consecutive linears is cast once)",
            one_of({"full", "linear"})),
       bind("float8", "save_inputs_in_float8", &C::float8, &Float8Section::save_inputs_in_float8,
            "keep a float8 linear's input for the backward as the grad-weight GEMM's float8 x^T, written by the "

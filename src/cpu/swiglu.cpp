@@ -1,6 +1,8 @@
-// CPU SwiGLU: out = silu(gate) * up, silu(g) = g * sigmoid(g), and its backward.
+// CPU SwiGLU: out = silu(gate) * up, silu(g) = g * sigmoid(g), and its backward; the optional
+// amax of what they store (the reference for the GPU's fused one).
 #include <cmath>
 
+#include "cpu/fp8.h"
 #include "cpu/kernels.h"
 #include "cpu/storage.h"
 
@@ -43,6 +45,14 @@ void backward(const SwigluBackwardArgs& args) {
   }
 }
 
+// The tensor's amax over its stored values, as the GPU takes it in the same pass.
+void amax_of(const TensorView& x, const TensorView& result) {
+  AmaxArgs a;
+  a.x = x;
+  a.amax = result;
+  amax(a);
+}
+
 }  // namespace
 
 void swiglu_forward(const SwigluForwardArgs& args) {
@@ -54,6 +64,7 @@ void swiglu_forward(const SwigluForwardArgs& args) {
   expect_same_shape(args.up, args.gate, op, "up", "gate");
   expect_same_shape(args.out, args.gate, op, "out", "gate");
   dispatch_activation(args.gate.dtype, op, [&](auto storage) { forward<decltype(storage)>(args); });
+  if (!args.amax.empty()) amax_of(args.out, args.amax);
 }
 
 void swiglu_backward(const SwigluBackwardArgs& args) {
@@ -64,6 +75,8 @@ void swiglu_backward(const SwigluBackwardArgs& args) {
     expect_same_shape(*t, args.gate, op, "up/grad_out/grad_gate/grad_up", "gate");
   }
   dispatch_activation(args.gate.dtype, op, [&](auto storage) { backward<decltype(storage)>(args); });
+  if (!args.amax_gate.empty()) amax_of(args.grad_gate, args.amax_gate);
+  if (!args.amax_up.empty()) amax_of(args.grad_up, args.amax_up);
 }
 
 }  // namespace smelt::cpu

@@ -4,51 +4,10 @@
 // core/numerics.h's, so results are bit-identical to the CPU reference.
 #include "core/numerics.h"
 #include "cuda/cuda_common.cuh"
+#include "cuda/vector_access.cuh"
 
 namespace smelt::cuda {
 namespace {
-
-// |x| as float bits: for non-negative floats the unsigned order is the numeric order, and
-// every NaN sorts above infinity, so an unsigned max propagates NaN as the CPU loop does.
-__device__ __forceinline__ uint32_t magnitude_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
-
-__device__ __forceinline__ uint32_t warp_max_bits(uint32_t value) {
-  for (int offset = 16; offset > 0; offset >>= 1) value = max(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  return value;
-}
-
-// Block-wide maximum of one value per thread (blockDim.x a multiple of 32, at most 1024); the
-// result is valid in thread 0.
-__device__ __forceinline__ uint32_t block_max_bits(uint32_t value) {
-  __shared__ uint32_t shared[32];
-  value = warp_max_bits(value);
-  if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = value;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    value = threadIdx.x < (blockDim.x >> 5) ? shared[threadIdx.x] : 0;
-    value = warp_max_bits(value);
-  }
-  return value;
-}
-
-// ---- 16-byte loads and stores -----------------------------------------------------------------
-
-constexpr int kVector = 8;  // elements per vector load: one 16-byte load of bf16, two of f32
-
-__device__ __forceinline__ void load_vector(const __nv_bfloat16* p, float (&out)[kVector]) {
-  const uint4 v = *reinterpret_cast<const uint4*>(p);
-  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(words[i] << 16);  // the lower half is the earlier element
-    out[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
-  }
-}
-
-__device__ __forceinline__ void load_vector(const float* p, float (&out)[kVector]) {
-  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
-  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
-}
 
 // 16 codes as one 16-byte store.
 __device__ __forceinline__ void store_codes(uint8_t* p, const uint8_t (&codes)[16]) {

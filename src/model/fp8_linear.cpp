@@ -324,7 +324,7 @@ void remember(Float8InputReuse* reuse, Float8InputReuse::Record& record, const T
 }  // namespace
 
 QuantizedOperand quantize_operand(Backend& backend, const TensorView& source, bool transpose, const OperandCast& cast,
-                                  const Float8Slot& slot) {
+                                  const Float8Slot& slot, bool amax_ready) {
   const bool rowwise = cast.scaling == OperandScaling::rowwise;
   const QuantizedOperand q = slot_operand(source, transpose, cast, slot);
   if (is_block_scaling(cast.scaling)) {  // one pass: each tile's amax, scale and codes
@@ -337,12 +337,16 @@ QuantizedOperand quantize_operand(Backend& backend, const TensorView& source, bo
     return q;
   }
   const TensorView amax = prefix(slot.amax, DType::f32, Shape{q.scale.numel()});
-  AmaxArgs amax_args;
-  amax_args.x = source;
-  amax_args.amax = amax;
-  amax_args.rowwise = rowwise;
-  amax_args.transpose = transpose;
-  backend.amax(amax_args);
+  SMELT_CHECK(!amax_ready || cast.scaling == OperandScaling::tensorwise,
+              "quantize_operand: an amax taken by the producer is one per tensor; this cast is not tensorwise");
+  if (!amax_ready) {
+    AmaxArgs amax_args;
+    amax_args.x = source;
+    amax_args.amax = amax;
+    amax_args.rowwise = rowwise;
+    amax_args.transpose = transpose;
+    backend.amax(amax_args);
+  }
   QuantizeArgs quantize;
   quantize.src = source;
   quantize.dst = q.values;
@@ -359,10 +363,12 @@ namespace {
 
 // src (rows, cols) cast by `cast` into `slot` (K-major, as quantize_operand) and, in the same read,
 // src^T (cols, rows) cast by `transposed_cast` into `transposed`. Rowwise takes src's per-column
-// amax into `column_amax` (scratch of at least cols floats); tensorwise shares the one amax.
+// amax into `column_amax` (scratch of at least cols floats); tensorwise shares the one amax, which
+// is already in slot.amax when `amax_ready`.
 QuantizedOperand quantize_both_layouts(Backend& backend, const TensorView& src, const OperandCast& cast,
                                        const Float8Slot& slot, const OperandCast& transposed_cast,
-                                       const QuantizedOperand& transposed, const TensorView& column_amax) {
+                                       const QuantizedOperand& transposed, const TensorView& column_amax,
+                                       bool amax_ready = false) {
   const QuantizedOperand rows = slot_operand(src, false, cast, slot);
   SMELT_CHECK(transposed.values.rows() == src.cols() && transposed.values.cols() == src.rows() &&
                   transposed.values.dtype == transposed_cast.dtype && transposed.scaling == transposed_cast.scaling,
@@ -384,12 +390,13 @@ QuantizedOperand quantize_both_layouts(Backend& backend, const TensorView& src, 
               "float8 recipe casts an operand and its transpose with different scalings; quantise them separately");
   const bool rowwise = cast.scaling == OperandScaling::rowwise;
   const TensorView amax = prefix(slot.amax, DType::f32, Shape{rows.scale.numel()});
+  SMELT_CHECK(!amax_ready || !rowwise, "quantize_both_layouts: a producer's amax is one per tensor; this cast is rowwise");
   AmaxArgs a;
   a.x = src;
   a.amax = amax;
   a.rowwise = rowwise;
   if (rowwise) a.column_amax = prefix(column_amax, DType::f32, Shape{src.cols()});
-  backend.amax(a);
+  if (!amax_ready) backend.amax(a);
   QuantizeArgs q;
   q.src = src;
   q.dst = rows.values;
@@ -433,6 +440,7 @@ void float8_linear_forward(Backend& backend, Float8Recipe recipe, const Float8Sc
   Float8Slot x_slot = scratch.activation;
   // Tensorwise: x's amax goes where the grad-weight GEMM finds it again.
   if (!state.input_amax.empty() && cast.a.scaling == OperandScaling::tensorwise) x_slot.amax = state.input_amax;
+  const bool amax_ready = state.input_amax_ready && x_slot.amax.data == state.input_amax.data;
   QuantizedOperand qx;
   if (const auto* earlier = reuse ? reuse->find(reuse->input, x, x_slot) : nullptr) {
     qx = slot_operand(x, false, cast.a, x_slot);
@@ -445,9 +453,9 @@ void float8_linear_forward(Backend& backend, Float8Recipe recipe, const Float8Sc
     ++reuse->reused;
   } else if (!saved.values.empty()) {  // x for this GEMM and x^T for the backward's, from one read
     qx = quantize_both_layouts(backend, x, cast.a, x_slot, float8_gemm_cast(recipe, LinearGemm::grad_weight).b, saved,
-                               scratch.input_transposed.amax);
+                               scratch.input_transposed.amax, amax_ready);
   } else {
-    qx = quantize_operand(backend, x, false, cast.a, x_slot);
+    qx = quantize_operand(backend, x, false, cast.a, x_slot, amax_ready);
   }
   if (reuse) remember(reuse, reuse->input, x, x_slot, x_slot.amax, saved.values.data);
   const QuantizedOperand qw =
@@ -468,15 +476,19 @@ void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8S
   SMELT_CHECK(saved.values.empty() || (float8_grad_weight && saved.values.cols() == tokens),
               "float8_linear_backward: a saved float8 input " + saved.values.str() + " for dy " + grad_output.str() +
                   " under recipe " + std::string(float8_recipe_name(recipe)));
-  // dy (N, out) and, when the grad-weight GEMM is in float8, dy^T (out, N), from one read.
+  // dy (N, out) and, when the grad-weight GEMM is in float8, dy^T (out, N), from one read; its
+  // amax from dy's producer when it took it (tensorwise).
+  Float8Slot dy_slot = scratch.activation;
+  const bool dy_amax_ready = !state.grad_amax.empty() && input_cast.a.scaling == OperandScaling::tensorwise;
+  if (dy_amax_ready) dy_slot.amax = state.grad_amax;
   QuantizedOperand dy, dy_transposed;
   if (float8_grad_weight) {
     const OperandCast dy_t_cast = float8_gemm_cast(recipe, LinearGemm::grad_weight).a;
     dy_transposed = slot_operand(grad_output, true, dy_t_cast, scratch.activation_transposed);
-    dy = quantize_both_layouts(backend, grad_output, input_cast.a, scratch.activation, dy_t_cast, dy_transposed,
-                               scratch.activation_transposed.amax);
+    dy = quantize_both_layouts(backend, grad_output, input_cast.a, dy_slot, dy_t_cast, dy_transposed,
+                               scratch.activation_transposed.amax, dy_amax_ready);
   } else {
-    dy = quantize_operand(backend, grad_output, false, input_cast.a, scratch.activation);
+    dy = quantize_operand(backend, grad_output, false, input_cast.a, dy_slot, dy_amax_ready);
   }
 
   // dx (N, in) = dy (N, out) @ (W^T (in, out))^T: K = out, so W is used transposed.

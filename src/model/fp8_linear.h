@@ -43,7 +43,17 @@ struct Float8Options {
   // scale, so the transpose is exact; the other recipes' W^T have scales of their own and are
   // always kept.
   bool keep_transposed_weights = false;
+  // [float8] fusion = "full": the amax of a float8 linear's input or output gradient is taken by
+  // the op that produces it, in the same pass (SwiGLU's output for w2; its gradients for w1 and
+  // w3), and the linear's cast skips its own amax pass. Tensorwise only (one amax per tensor);
+  // "linear" leaves every amax to the linears.
+  bool fuse_amax_into_producers = true;
 };
+
+// True when producers take the amax of float8 linears' operands (tensorwise, fusion "full").
+inline bool float8_fused_amax(const Float8Options& options) {
+  return options.recipe == Float8Recipe::tensorwise && options.fuse_amax_into_producers;
+}
 
 // True when float8 linears' W^T copies are made at each backward use from W's codes (unsharded
 // tensorwise plans without keep_transposed_weights).
@@ -154,6 +164,8 @@ struct Float8LinearState {
                                  // it instead of x (empty: x is kept and cast again there)
   TensorView input_amax; // (1) f32, tensorwise only: the forward's amax of x, reused for x^T in the
                          // grad-weight GEMM (empty: computed again there)
+  bool input_amax_ready = false;  // input_amax already holds x's amax, taken by x's producer
+  TensorView grad_amax;  // (1) f32, tensorwise only: dy's amax, taken by dy's producer (empty: an amax pass)
 };
 
 // x^T (in, tokens) as the grad-weight GEMM's right operand, kept from the forward to the backward:
@@ -175,8 +187,9 @@ int64_t float8_weight_scale_count(Float8Recipe recipe, int64_t out, int64_t in);
 
 // Quantises src (rows, cols), or src^T when `transpose`, into the slot: one amax pass, one cast
 // pass with the scale computed inside it. The result is K-major: (rows, cols), or (cols, rows).
+// `amax_ready` (tensorwise): slot.amax already holds src's amax, so there is no amax pass.
 QuantizedOperand quantize_operand(Backend& backend, const TensorView& source, bool transpose, const OperandCast& cast,
-                                  const Float8Slot& slot);
+                                  const Float8Slot& slot, bool amax_ready = false);
 
 // Linears that read the same input one after another (wq, wk, wv on the attention norm's output;
 // w1, w3 on the FFN norm's) quantise it once. The first leaves x (forward) or x^T (backward) in

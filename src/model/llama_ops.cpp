@@ -126,7 +126,9 @@ void run_forward_op(ForwardOp op, const LayerViews& v, const ModelContext& c) {
       return;
     case ForwardOp::gate_proj: linear(v, c, W::w1, act(v, A::ffn_norm_out), act(v, A::gate)); return;
     case ForwardOp::up_proj: linear(v, c, W::w3, act(v, A::ffn_norm_out), act(v, A::up)); return;
-    case ForwardOp::swiglu: b.swiglu_forward({act(v, A::gate), act(v, A::up), act(v, A::swiglu_out)}); return;
+    case ForwardOp::swiglu:
+      b.swiglu_forward({act(v, A::gate), act(v, A::up), act(v, A::swiglu_out), v.swiglu_amax});
+      return;
     case ForwardOp::down_proj:
       linear(v, c, W::w2, act(v, A::swiglu_out), act(v, A::layer_output), act(v, A::attn_residual));
       return;
@@ -143,7 +145,8 @@ void run_backward_op(BackwardOp op, const LayerViews& v, const ModelContext& c) 
       linear_backward(v, c, W::w2, act(v, A::swiglu_out), v.residual_gradient, grad(v, G::swiglu_out), false);
       return;
     case BackwardOp::swiglu:
-      b.swiglu_backward({act(v, A::gate), act(v, A::up), grad(v, G::swiglu_out), grad(v, G::gate), grad(v, G::up)});
+      b.swiglu_backward({act(v, A::gate), act(v, A::up), grad(v, G::swiglu_out), grad(v, G::gate), grad(v, G::up),
+                         v.gate_grad_amax, v.up_grad_amax});
       return;
     case BackwardOp::gate_proj:
       linear_backward(v, c, W::w1, act(v, A::ffn_norm_out), grad(v, G::gate), grad(v, G::ffn_norm_out), false);

@@ -31,6 +31,10 @@ struct LayerViews {
   std::array<bool, kLayerWeightCount> float8{};           // linears whose GEMMs run in float8
   std::array<Float8LinearState, kLayerWeightCount> float8_state;  // their weight copies and saved amax
   TensorView attention_scratch;  // backward: the attention backward's planned scratch (empty: the workspace's)
+  // Float8 amax taken by their producers ([float8] fusion = "full", tensorwise; empty otherwise):
+  // SwiGLU's output (w2's x), and its gradients d gate and d up (w1's and w3's dy). The linears'
+  // float8_state points at the same floats.
+  TensorView swiglu_amax, gate_grad_amax, up_grad_amax;
 };
 
 void run_forward_op(ForwardOp op, const LayerViews& views, const ModelContext& context);

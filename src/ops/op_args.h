@@ -98,14 +98,19 @@ struct AttentionBackwardArgs {
 };
 
 // out = silu(gate) * up
+// Optional amax outputs ((1) f32, overwritten): max |v| over what the op stores (NaN if any is),
+// the same value an amax op over the output would give; a float8 tensorwise cast of that output
+// then needs no amax pass of its own ([float8] fusion = "full").
 struct SwigluForwardArgs {
   TensorView gate, up;  // (N, F)
   TensorView out;       // (N, F)
+  TensorView amax;      // optional: of out
 };
 
 struct SwigluBackwardArgs {
   TensorView gate, up, grad_out;  // (N, F)
   TensorView grad_gate, grad_up;  // (N, F), overwritten
+  TensorView amax_gate, amax_up;  // optional: of grad_gate and of grad_up
 };
 
 // Softmax cross-entropy on a chunk of rows, forward and backward at once:

@@ -171,6 +171,8 @@ struct StepPlan {
   // scales (float8_statistics) are shared and persistent.
   int float8_scratch = -1, float8_scratch_backward = -1, float8_statistics = -1;
   int float8_weights = -1, float8_weight_scales = -1, float8_input_amax = -1;
+  // Float8 amax taken by producers (float8_fused_amax): per block, SwiGLU's output, d gate, d up.
+  int float8_producer_amax = -1;
   Float8ScratchSizes float8_sizes;
   Float8WeightLayout float8_weight_layout;
   MemoryPlan memory;

@@ -127,6 +127,23 @@ LayerViews Executor::layer_views(const Step& step) const {
       for (int a = 0; a < kActivationCount; ++a)
         if (lb.float8_saved[a] >= 0) v.activation[a] = TensorView();
   }
+  if (plan_.float8_producer_amax >= 0) {
+    // SwiGLU takes the amax of its output for w2's cast, and of its gradients for w1's and w3's.
+    const TensorView all = view(plan_.float8_producer_amax);
+    auto slot = [&](int index) {
+      return TensorView(all.as<float>() + step.layer * 3 + index, DType::f32, Shape{1}, all.device);
+    };
+    const auto at = [](LayerWeight w) { return static_cast<int>(w); };
+    if (lb.float8[at(LayerWeight::w2)]) {
+      v.swiglu_amax = slot(0);
+      v.float8_state[at(LayerWeight::w2)].input_amax = v.swiglu_amax;
+      v.float8_state[at(LayerWeight::w2)].input_amax_ready = true;
+    }
+    if (step.kind == StepKind::layer_backward) {
+      if (lb.float8[at(LayerWeight::w1)]) v.gate_grad_amax = v.float8_state[at(LayerWeight::w1)].grad_amax = slot(1);
+      if (lb.float8[at(LayerWeight::w3)]) v.up_grad_amax = v.float8_state[at(LayerWeight::w3)].grad_amax = slot(2);
+    }
+  }
   for (int w = 0; w < kLayerWeightCount; ++w) {
     const auto& info = layout_.layer(step.layer, static_cast<LayerWeight>(w));
     v.weight[w] = weight_view(info, step);

@@ -90,6 +90,7 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   o.float8.filter_fqns = config.float8.filter_fqns;
   o.float8.save_inputs_in_float8 = config.float8.save_inputs_in_float8;
   o.float8.keep_transposed_weights = config.float8.keep_transposed_weights;
+  o.float8.fuse_amax_into_producers = config.float8.fusion == "full";
   WorkspaceShape ws = workspace_shape(setup.model, o);
   ws.attention_backward_planned = true;  // its scratch is a planned buffer per backward attention step
   o.backend_workspace_bytes = backend ? backend->workspace_bytes(ws) : estimated_workspace_bytes(config.job.device, ws);

@@ -1,6 +1,8 @@
 // Every element-wise, normalisation, reduction, optimizer and GEMM op of the CUDA backend
 // against the CPU reference on fresh seeded random inputs, in f32 and bf16, outputs
 // poisoned with NaN before the kernels run.
+#include <tuple>
+
 #include "cuda_test_support.h"
 
 namespace smelt::test {
@@ -103,23 +105,43 @@ TEST_F(CudaOps, RopeForwardAndInverseMatchCpu) {
     }
 }
 
+// Both the 16-byte vector path (129 x 200) and the element-wise one (7 x 13: not a multiple of 8).
+// The amax SwiGLU takes of what it stores (fusion "full") equals, bit for bit, a standalone amax
+// pass over its outputs.
 TEST_F(CudaOps, SwigluForwardAndBackwardMatchCpu) {
-  const Shape shape{129, 200};
-  for (DType dtype : kActivationTypes) {
-    HostTensor gate = random_tensor(dtype, shape, 30, 2.0), up = random_tensor(dtype, shape, 31);
-    HostTensor grad_out = random_tensor(dtype, shape, 32);
-    HostTensor out = nan_tensor(dtype, shape), grad_gate = nan_tensor(dtype, shape), grad_up = nan_tensor(dtype, shape);
-    cpu_->swiglu_forward({gate.view, up.view, out.view});
-    cpu_->swiglu_backward({gate.view, up.view, grad_out.view, grad_gate.view, grad_up.view});
-    TensorView d_gate = upload(gate), d_up = upload(up);
-    TensorView d_out = poisoned(dtype, shape), d_grad_gate = poisoned(dtype, shape), d_grad_up = poisoned(dtype, shape);
-    cuda_->swiglu_forward({d_gate, d_up, d_out});
-    cuda_->swiglu_backward({d_gate, d_up, upload(grad_out), d_grad_gate, d_grad_up});
-    const std::string name = "swiglu " + std::string(dtype_name(dtype));
-    expect_close(out, download(d_out), elementwise_tolerance(dtype), name + " out");
-    expect_close(grad_gate, download(d_grad_gate), elementwise_tolerance(dtype), name + " grad_gate");
-    expect_close(grad_up, download(d_grad_up), elementwise_tolerance(dtype), name + " grad_up");
-  }
+  for (const Shape& shape : {Shape{129, 200}, Shape{7, 13}})
+    for (DType dtype : kActivationTypes) {
+      const std::string name = "swiglu " + std::string(dtype_name(dtype)) + " (" + std::to_string(shape[0]) + ", " +
+                               std::to_string(shape[1]) + ")";
+      SCOPED_TRACE(name);
+      HostTensor gate = random_tensor(dtype, shape, 30, 2.0), up = random_tensor(dtype, shape, 31);
+      HostTensor grad_out = random_tensor(dtype, shape, 32);
+      HostTensor out = nan_tensor(dtype, shape), grad_gate = nan_tensor(dtype, shape), grad_up = nan_tensor(dtype, shape);
+      cpu_->swiglu_forward({gate.view, up.view, out.view});
+      cpu_->swiglu_backward({gate.view, up.view, grad_out.view, grad_gate.view, grad_up.view});
+      TensorView d_gate = upload(gate), d_up = upload(up);
+      TensorView d_out = poisoned(dtype, shape), d_grad_gate = poisoned(dtype, shape), d_grad_up = poisoned(dtype, shape);
+      const Shape one{1};
+      TensorView amax = poisoned(DType::f32, one), amax_gate = poisoned(DType::f32, one);
+      TensorView amax_up = poisoned(DType::f32, one);
+      cuda_->swiglu_forward({d_gate, d_up, d_out, amax});
+      cuda_->swiglu_backward({d_gate, d_up, upload(grad_out), d_grad_gate, d_grad_up, amax_gate, amax_up});
+      expect_close(out, download(d_out), elementwise_tolerance(dtype), name + " out");
+      expect_close(grad_gate, download(d_grad_gate), elementwise_tolerance(dtype), name + " grad_gate");
+      expect_close(grad_up, download(d_grad_up), elementwise_tolerance(dtype), name + " grad_up");
+      for (const auto& [fused, tensor, what] : {std::tuple{amax, d_out, "amax of out"},
+                                                std::tuple{amax_gate, d_grad_gate, "amax of grad_gate"},
+                                                std::tuple{amax_up, d_grad_up, "amax of grad_up"}}) {
+        TensorView standalone = poisoned(DType::f32, one);
+        AmaxArgs a;
+        a.x = tensor;
+        a.amax = standalone;
+        cuda_->amax(a);
+        const HostTensor want = download(standalone);
+        EXPECT_GT(want.get(0), 0.0) << what;
+        expect_bits_equal(want, download(fused), what);
+      }
+    }
 }
 
 // Logits f32 (gradient f32 or bf16) or bf16 (the output head's bf16 GEMM; gradient bf16), the

@@ -21,6 +21,7 @@ class RecordingBackend final : public Backend {
  public:
   std::unique_ptr<Backend> inner = make_cpu_backend();
   std::vector<RecordedGemm> gemms;
+  int64_t amax_calls = 0;  // standalone amax passes
 
   std::string name() const override { return "recording cpu"; }
   Device device() const override { return inner->device(); }
@@ -62,7 +63,10 @@ class RecordingBackend final : public Backend {
   void mean(const MeanArgs& a) override { inner->mean(a); }
   void adamw(const AdamwArgs& a) override { inner->adamw(a); }
   void convert(const ConvertArgs& a) override { inner->convert(a); }
-  void amax(const AmaxArgs& a) override { inner->amax(a); }
+  void amax(const AmaxArgs& a) override {
+    ++amax_calls;
+    inner->amax(a);
+  }
   void quantize(const QuantizeArgs& a) override { inner->quantize(a); }
   void quantize_blocks(const BlockQuantizeArgs& a) override { inner->quantize_blocks(a); }
   void dequantize(const DequantizeArgs& a) override { inner->dequantize(a); }

@@ -1,0 +1,121 @@
+// [float8] fusion = "full" with tensorwise scaling: SwiGLU takes the amax of its output (w2's x)
+// and of its gradients (w1's and w3's dy) in the same pass, and those casts skip their amax pass.
+// Training is bit-identical to fusion = "linear" under every policy; the amax passes really go
+// (three per block and step fewer); the other recipes are untouched.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/numerics.h"
+#include "model/model_fixture.h"
+#include "model/recording_backend.h"
+
+namespace smelt {
+namespace {
+
+using testing::RecordingBackend;
+using testing::TinyRun;
+using testing::tiny_model;
+
+constexpr int kSteps = 3;
+constexpr int64_t kLayers = 2;
+
+struct Trajectory {
+  std::vector<double> losses, norms;
+  std::vector<float> parameters;
+  int64_t amax_calls = 0;
+  bool producer_amax = false;
+};
+
+Trajectory train(Float8Recipe recipe, const std::string& policy, bool fused) {
+  TinyRun run(tiny_model(kLayers), DType::bf16, policy, 2, 8);
+  auto recording = std::make_unique<RecordingBackend>();
+  RecordingBackend* backend = recording.get();
+  PlanOptions options = run.plan.options;
+  options.float8.recipe = recipe;
+  options.float8.fuse_amax_into_producers = fused;
+  run.executor.reset();
+  run.backend = std::move(recording);
+  run.replan(options);
+  run.initialise(29);
+  OptimizerSettings optimizer;
+  optimizer.lr = 2e-2f;
+  optimizer.max_norm = 0.5f;
+  Trajectory t;
+  backend->amax_calls = 0;
+  for (int step = 1; step <= kSteps; ++step) {
+    run.load_random_batch(uint64_t(40 + step));
+    optimizer.step = step;
+    run.executor->run(optimizer);
+    t.losses.push_back(run.executor->loss());
+    t.norms.push_back(run.executor->gradient_norm());
+  }
+  t.parameters.resize(size_t(run.executor->layout().total()));
+  run.executor->read_parameters(t.parameters.data());
+  t.amax_calls = backend->amax_calls;
+  t.producer_amax = run.plan.float8_producer_amax >= 0;
+  return t;
+}
+
+TEST(Float8Fusion, TensorwiseSwigluAmaxSameTrainingEveryPolicyAndFewerAmaxPasses) {
+  for (const char* policy : {"none", "selective-op", "full"}) {
+    SCOPED_TRACE(policy);
+    const Trajectory fused = train(Float8Recipe::tensorwise, policy, true);
+    const Trajectory linear = train(Float8Recipe::tensorwise, policy, false);
+    EXPECT_TRUE(fused.producer_amax);
+    EXPECT_FALSE(linear.producer_amax);
+    for (size_t i = 0; i < fused.losses.size(); ++i) {
+      EXPECT_EQ(fused.losses[i], linear.losses[i]) << "loss of step " << i + 1;
+      EXPECT_EQ(fused.norms[i], linear.norms[i]) << "gradient norm of step " << i + 1;
+    }
+    EXPECT_NE(fused.losses.front(), fused.losses.back()) << "training changed nothing";
+    EXPECT_EQ(0, std::memcmp(fused.parameters.data(), linear.parameters.data(), fused.parameters.size() * sizeof(float)));
+    // Per block and step: w2's forward cast, w1's and w3's dy casts.
+    EXPECT_EQ(linear.amax_calls - fused.amax_calls, 3 * kLayers * kSteps);
+  }
+}
+
+TEST(Float8Fusion, OtherRecipesTakeNoProducerAmax) {
+  for (Float8Recipe recipe : {Float8Recipe::rowwise, Float8Recipe::blockwise}) {
+    SCOPED_TRACE(std::string(float8_recipe_name(recipe)));
+    const Trajectory fused = train(recipe, "none", true), linear = train(recipe, "none", false);
+    EXPECT_FALSE(fused.producer_amax);
+    EXPECT_EQ(fused.amax_calls, linear.amax_calls);
+    EXPECT_EQ(fused.losses, linear.losses);
+  }
+}
+
+// The CPU SwiGLU's amax outputs are the amax of what it stores, NaN included.
+TEST(Float8Fusion, SwigluAmaxIsTheAmaxOfItsStoredOutputs) {
+  auto backend = make_cpu_backend();
+  const int64_t rows = 6, cols = 10, n = rows * cols;
+  std::vector<uint16_t> gate(n), up(n), dy(n), out(n), dgate(n), dup(n);
+  Random random(3, 1);
+  for (int64_t i = 0; i < n; ++i) {
+    gate[size_t(i)] = float_to_bf16(float(2.0 * random.normal()));
+    up[size_t(i)] = float_to_bf16(float(random.normal()));
+    dy[size_t(i)] = float_to_bf16(float(1e-3 * random.normal()));
+  }
+  auto bf16 = [&](std::vector<uint16_t>& v) { return TensorView(v.data(), DType::bf16, Shape{rows, cols}); };
+  float amax = -1, amax_gate = -1, amax_up = -1;
+  auto scalar = [](float& f) { return TensorView(&f, DType::f32, Shape{1}); };
+  backend->swiglu_forward({bf16(gate), bf16(up), bf16(out), scalar(amax)});
+  backend->swiglu_backward({bf16(gate), bf16(up), bf16(dy), bf16(dgate), bf16(dup), scalar(amax_gate), scalar(amax_up)});
+  auto largest = [](const std::vector<uint16_t>& v) {
+    float m = 0;
+    for (uint16_t x : v) m = std::max(m, std::fabs(bf16_to_float(x)));
+    return m;
+  };
+  EXPECT_GT(amax, 0.0f);
+  EXPECT_EQ(amax, largest(out));
+  EXPECT_EQ(amax_gate, largest(dgate));
+  EXPECT_EQ(amax_up, largest(dup));
+  up[7] = float_to_bf16(std::numeric_limits<float>::quiet_NaN());
+  backend->swiglu_forward({bf16(gate), bf16(up), bf16(out), scalar(amax)});
+  EXPECT_TRUE(std::isnan(amax));
+}
+
+}  // namespace
+}  // namespace smelt
