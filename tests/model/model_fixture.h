@@ -1,6 +1,7 @@
 // A tiny Llama model planned, allocated and initialised on the CPU backend, for
 // whole-model tests: gradients, policy equivalence, allocation counts.
 #pragma once
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -105,5 +106,32 @@ struct TinyRun {
     return executor->loss();
   }
 };
+
+// What a few training steps leave: per-step losses and gradient norms, then the master weights
+// and AdamW moments, for tests that expect two runs to agree bit for bit.
+struct Trajectory {
+  std::vector<double> losses, norms;
+  std::vector<float> parameters, exp_avg, exp_avg_sq;
+};
+
+// Trains `run` (initialised) for `steps` steps on random batches seeded first_batch_seed + 1, + 2, ...
+inline Trajectory train_steps(TinyRun& run, OptimizerSettings optimizer, int steps, uint64_t first_batch_seed) {
+  Trajectory t;
+  for (int step = 1; step <= steps; ++step) {
+    run.load_random_batch(first_batch_seed + uint64_t(step));
+    optimizer.step = step;
+    run.executor->run(optimizer);
+    t.losses.push_back(run.executor->loss());
+    t.norms.push_back(run.executor->gradient_norm());
+  }
+  const size_t total = static_cast<size_t>(run.executor->layout().total());
+  t.parameters.resize(total);
+  t.exp_avg.resize(total);
+  t.exp_avg_sq.resize(total);
+  run.executor->read_parameters(t.parameters.data());
+  std::memcpy(t.exp_avg.data(), run.executor->view(run.plan.exp_avg).data, total * sizeof(float));
+  std::memcpy(t.exp_avg_sq.data(), run.executor->view(run.plan.exp_avg_sq).data, total * sizeof(float));
+  return t;
+}
 
 }  // namespace smelt::testing

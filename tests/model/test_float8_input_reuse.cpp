@@ -15,9 +15,7 @@ namespace {
 using testing::TinyRun;
 using testing::tiny_model;
 
-struct Trajectory {
-  std::vector<double> losses, norms;
-  std::vector<float> parameters, exp_avg, exp_avg_sq;
+struct Trajectory : testing::Trajectory {
   int64_t reused = 0;
 };
 
@@ -38,20 +36,7 @@ Trajectory train(Float8Recipe recipe, const std::string& policy, const std::vect
   optimizer.weight_decay = 0.1f;
   optimizer.max_norm = 0.5f;
   Trajectory t;
-  for (int step = 1; step <= kSteps; ++step) {
-    run.load_random_batch(uint64_t(300 + step));
-    optimizer.step = step;
-    run.executor->run(optimizer);
-    t.losses.push_back(run.executor->loss());
-    t.norms.push_back(run.executor->gradient_norm());
-  }
-  const size_t total = size_t(run.executor->layout().total());
-  t.parameters.resize(total);
-  t.exp_avg.resize(total);
-  t.exp_avg_sq.resize(total);
-  run.executor->read_parameters(t.parameters.data());
-  std::memcpy(t.exp_avg.data(), run.executor->view(run.plan.exp_avg).data, total * sizeof(float));
-  std::memcpy(t.exp_avg_sq.data(), run.executor->view(run.plan.exp_avg_sq).data, total * sizeof(float));
+  static_cast<testing::Trajectory&>(t) = testing::train_steps(run, optimizer, kSteps, 300);
   t.reused = run.executor->float8_inputs_reused();
   return t;
 }

@@ -19,9 +19,7 @@ using testing::tiny_model;
 constexpr int kSteps = 4;
 constexpr int64_t kLayers = 2;
 
-struct Trajectory {
-  std::vector<double> losses, norms;
-  std::vector<float> parameters, exp_avg, exp_avg_sq;
+struct Trajectory : testing::Trajectory {
   int saved = 0;  // activations kept as float8 x^T, over all blocks
 };
 
@@ -45,20 +43,7 @@ Trajectory train(const PlanOptions& options) {
   optimizer.weight_decay = 0.1f;
   optimizer.max_norm = 0.5f;
   Trajectory t;
-  for (int step = 1; step <= kSteps; ++step) {
-    run.load_random_batch(uint64_t(500 + step));
-    optimizer.step = step;
-    run.executor->run(optimizer);
-    t.losses.push_back(run.executor->loss());
-    t.norms.push_back(run.executor->gradient_norm());
-  }
-  const size_t total = size_t(run.executor->layout().total());
-  t.parameters.resize(total);
-  t.exp_avg.resize(total);
-  t.exp_avg_sq.resize(total);
-  run.executor->read_parameters(t.parameters.data());
-  std::memcpy(t.exp_avg.data(), run.executor->view(run.plan.exp_avg).data, total * sizeof(float));
-  std::memcpy(t.exp_avg_sq.data(), run.executor->view(run.plan.exp_avg_sq).data, total * sizeof(float));
+  static_cast<testing::Trajectory&>(t) = testing::train_steps(run, optimizer, kSteps, 500);
   for (const auto& lb : run.plan.layers)
     t.saved += int(std::count_if(lb.float8_saved.begin(), lb.float8_saved.end(), [](int id) { return id >= 0; }));
   return t;

@@ -17,9 +17,7 @@ using testing::tiny_model;
 
 constexpr int kSteps = 4;
 
-struct Trajectory {
-  std::vector<double> losses, norms;
-  std::vector<float> parameters, exp_avg;
+struct Trajectory : testing::Trajectory {
   StepPlan plan;
 };
 
@@ -36,18 +34,7 @@ Trajectory train(Float8Recipe recipe, const std::string& policy, bool keep_trans
   optimizer.weight_decay = 0.1f;
   optimizer.max_norm = 0.5f;
   Trajectory t;
-  for (int step = 1; step <= kSteps; ++step) {
-    run.load_random_batch(uint64_t(900 + step));
-    optimizer.step = step;
-    run.executor->run(optimizer);
-    t.losses.push_back(run.executor->loss());
-    t.norms.push_back(run.executor->gradient_norm());
-  }
-  const size_t total = size_t(run.executor->layout().total());
-  t.parameters.resize(total);
-  t.exp_avg.resize(total);
-  run.executor->read_parameters(t.parameters.data());
-  std::memcpy(t.exp_avg.data(), run.executor->view(run.plan.exp_avg).data, total * sizeof(float));
+  static_cast<testing::Trajectory&>(t) = testing::train_steps(run, optimizer, kSteps, 900);
   t.plan = run.plan;
   return t;
 }
