@@ -173,6 +173,9 @@ std::vector<ConfigField> config_schema() {
            at_least(1)),
       bind("training", "cuda_graph", &C::training, &TrainingSection::cuda_graph,
            "CUDA: capture the forward and backward once as a CUDA graph and replay it every step"),
+      bind("training", "gemm_autotune", &C::training, &TrainingSection::gemm_autotune,
+           "CUDA: on a GEMM shape's first call, time cuBLASLt's candidate algorithms (up to 8) and keep the "
+           "fastest; off takes the heuristic's first choice"),
       bind("training", "on_nonfinite", &C::training, &TrainingSection::on_nonfinite,
            "non-finite loss or gradient norm: skip the update, or stop the run", one_of({"skip", "stop"})),
       bind("training", "loss_spike_window", &C::training, &TrainingSection::loss_spike_window,

@@ -1,7 +1,8 @@
 // CPU AdamW over one flat range, as torch.optim.AdamW (decoupled weight decay,
 // bias correction), after gradient clipping as torch.nn.utils.clip_grad_norm_.
-// The clipped gradients are written back, so a later reader sees what was applied; the
-// optional bf16 compute copy is written for every element or for the runs that have one.
+// The gradients are only read: the clip factor scales each one in registers, and the buffer keeps
+// the unclipped values (nothing reads gradients after the optimizer, and not writing them back
+// saves a pass over them on the GPU). The optional bf16 compute copy is written for every element or for the runs that have one.
 #include <algorithm>
 #include <cmath>
 
@@ -20,7 +21,7 @@ namespace {
 template <typename Value>
 void update(const AdamwArgs& args, double clip, int64_t first, int64_t count, uint16_t* copy) {
   Value* params = args.params.as<Value>() + first;
-  Value* grads = args.grads.as<Value>() + first;
+  const Value* grads = args.grads.as<Value>() + first;
   Value* exp_avg = args.exp_avg.as<Value>() + first;
   Value* exp_avg_sq = args.exp_avg_sq.as<Value>() + first;
   const double lr = args.lr, beta1 = args.beta1, beta2 = args.beta2, eps = args.eps;
@@ -32,11 +33,7 @@ void update(const AdamwArgs& args, double clip, int64_t first, int64_t count, ui
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < count; ++i) {
     double g = double(grads[i]);
-    if (clipping) {
-      g *= clip;
-      grads[i] = Value(g);
-      g = double(grads[i]);  // what a later reader sees is what was applied
-    }
+    if (clipping) g = double(Value(g * clip));  // rounded as the GPU's float product
     const double m = beta1 * double(exp_avg[i]) + (1.0 - beta1) * g;
     const double v = beta2 * double(exp_avg_sq[i]) + (1.0 - beta2) * g * g;
     exp_avg[i] = Value(m);
@@ -78,14 +75,27 @@ void adamw(const AdamwArgs& args) {
                                                    : double(*args.grad_sum_squares.as<float>());
     clip = std::min(1.0, double(args.max_norm) / (std::sqrt(sum_squares) + 1e-6));
   }
+  expect_amax_slots(args.copy_ranges, args.weight_amax, op);
+  if (!args.weight_amax.empty()) {
+    expect_host(args.weight_amax, op, "weight_amax");
+    std::fill_n(args.weight_amax.as<float>(), args.weight_amax.numel(), 0.0f);
+  }
   uint16_t* copy = args.compute_copy.empty() ? nullptr : args.compute_copy.as<uint16_t>();
   auto run = [&](int64_t first, int64_t run_count, uint16_t* run_copy) {
     if (dtype == DType::f64) update<double>(args, clip, first, run_count, run_copy);
     else update<float>(args, clip, first, run_count, run_copy);
   };
   if (args.copy_ranges.empty()) return run(0, count, copy);
-  for (const ComputeCopyRange& range : args.copy_ranges)
+  for (const ComputeCopyRange& range : args.copy_ranges) {
     run(range.begin, range.count, range.copied() ? copy + range.copy_offset : nullptr);
+    if (range.amax_slot >= 0) {  // the updated parameters' largest magnitude, as the amax op folds it
+      float& slot = args.weight_amax.as<float>()[range.amax_slot];
+      for (int64_t i = range.begin; i < range.begin + range.count; ++i) {
+        const float magnitude = std::fabs(dtype == DType::f64 ? float(args.params.as<double>()[i]) : args.params.as<float>()[i]);
+        if (std::isnan(magnitude) || magnitude > slot) slot = magnitude;  // NaN sticks
+      }
+    }
+  }
 }
 
 }  // namespace smelt::cpu

@@ -36,8 +36,8 @@ void cross_entropy(const CrossEntropyArgs& args);
 void sum_squares(const SumSquaresArgs& args);
 void mean(const MeanArgs& args);
 
-// Clips the gradients in place (so later readers see the clipped values), then
-// applies torch.optim.AdamW's update.
+// Applies torch.optim.AdamW's update to the gradients scaled by the clip factor; the gradient
+// buffer is read, never written.
 void adamw(const AdamwArgs& args);
 
 }  // namespace smelt::cpu

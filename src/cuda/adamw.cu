@@ -1,6 +1,7 @@
 // AdamW on the GPU: one pass over a flat f32 range (PyTorch's torch.optim.AdamW), with the
-// gradient-clipping coefficient computed on the device from the gradients' sum of squares, and
-// the bf16 compute copy written for every element or for the runs that have one.
+// gradient-clipping coefficient computed on the device from the gradients' sum of squares, the
+// bf16 compute copy written for every element or for the runs that have one, and the largest
+// |p| taken for the runs with an amax slot (float8 weights' tensorwise amax).
 #include <algorithm>
 #include <cmath>
 
@@ -15,9 +16,9 @@ struct AdamwConstants {
   float beta1, beta2, eps, decay, step_size, bias_correction2_sqrt, max_norm;
 };
 
-// One element: clip g (written back, as the CPU reference does), then the AdamW update
+// One element: clip g (in registers; the gradient buffer is only read), then the AdamW update
 // in float, as PyTorch does for fp32 parameters.
-__device__ __forceinline__ void adamw_element(float& p, float& g, float& m, float& v, float clip, const AdamwConstants& k) {
+__device__ __forceinline__ void adamw_element(float& p, float g, float& m, float& v, float clip, const AdamwConstants& k) {
   g *= clip;
   m = k.beta1 * m + (1.0f - k.beta1) * g;
   v = k.beta2 * v + (1.0f - k.beta2) * g * g;
@@ -33,8 +34,20 @@ constexpr int kRunsPerLaunch = 192;
 struct CopyRuns {
   int64_t first[kRunsPerLaunch + 1];
   int64_t copy_first[kRunsPerLaunch];
+  int32_t amax_slot[kRunsPerLaunch];  // -1: none
   int count;
 };
+
+// |x| as bits: for non-negative floats the unsigned order is the float order, and NaN (any payload)
+// ranks above infinity, so a running maximum of these bits keeps NaN as the amax op does.
+__device__ __forceinline__ unsigned magnitude_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
+
+// Folds `value` into amax[slot] once per group of lanes holding the same slot.
+__device__ __forceinline__ void flush_amax(float* amax, int slot, unsigned value) {
+  const unsigned peers = __match_any_sync(__activemask(), slot);
+  const unsigned reduced = __reduce_max_sync(peers, value);
+  if (int(threadIdx.x & 31) == __ffs(peers) - 1) atomicMax(reinterpret_cast<unsigned*>(amax) + slot, reduced);
+}
 
 // The run holding quad i (first[0] <= i < first[count]).
 __device__ __forceinline__ int find_run(const CopyRuns& runs, int64_t i) {
@@ -50,26 +63,33 @@ __device__ __forceinline__ int find_run(const CopyRuns& runs, int64_t i) {
 // Four elements per thread with 16-byte loads (every run is 256-byte aligned and a multiple of
 // 64 elements long); writes the bf16 copy the GEMMs use for the runs that have one. A thread's
 // quads only grow, so its run is found once and then followed forward.
-__global__ void adamw_update(float4* params, float4* grads, float4* exp_avg, float4* exp_avg_sq, uint2* copy,
-                             const float* grad_sum_squares, const __grid_constant__ CopyRuns runs, AdamwConstants k) {
+__global__ void adamw_update(float4* params, const float4* grads, float4* exp_avg, float4* exp_avg_sq, uint2* copy,
+                             float* amax, const float* grad_sum_squares, const __grid_constant__ CopyRuns runs,
+                             AdamwConstants k) {
   float clip = 1.0f;
   if (k.max_norm > 0) clip = fminf(1.0f, k.max_norm / (sqrtf(grad_sum_squares[0]) + 1e-6f));
-  const bool clipping = clip < 1.0f;
   const int64_t end = runs.first[runs.count];
-  int run = -1;
+  int run = -1, slot = -1;
+  unsigned largest = 0;  // magnitude_bits of the largest |p| of this thread's elements in `slot`
   for (int64_t i = runs.first[0] + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < end;
        i += int64_t(gridDim.x) * blockDim.x) {
     if (run < 0) run = find_run(runs, i);
     while (i >= runs.first[run + 1]) ++run;
+    if (runs.amax_slot[run] != slot) {
+      if (slot >= 0) flush_amax(amax, slot, largest);
+      slot = runs.amax_slot[run];
+      largest = 0;
+    }
     float4 p = params[i], g = grads[i], m = exp_avg[i], v = exp_avg_sq[i];
     adamw_element(p.x, g.x, m.x, v.x, clip, k);
     adamw_element(p.y, g.y, m.y, v.y, clip, k);
     adamw_element(p.z, g.z, m.z, v.z, clip, k);
     adamw_element(p.w, g.w, m.w, v.w, clip, k);
     params[i] = p;
+    if (slot >= 0)
+      largest = max(largest, max(max(magnitude_bits(p.x), magnitude_bits(p.y)), max(magnitude_bits(p.z), magnitude_bits(p.w))));
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
-    if (clipping) grads[i] = g;
     if (copy && runs.copy_first[run] >= 0) {
       uint2 packed;
       packed.x = uint32_t(float_to_bf16(p.x)) | (uint32_t(float_to_bf16(p.y)) << 16);
@@ -77,6 +97,7 @@ __global__ void adamw_update(float4* params, float4* grads, float4* exp_avg, flo
       copy[runs.copy_first[run] + (i - runs.first[run])] = packed;
     }
   }
+  if (slot >= 0) flush_amax(amax, slot, largest);
 }
 
 }  // namespace
@@ -105,6 +126,12 @@ void adamw(CudaContext& context, const AdamwArgs& args) {
     fail(ErrorKind::internal, "cuda adamw: the flat range must be a multiple of 4 elements, found " +
                                   std::to_string(count) + "; parameters are laid out in 64-element steps");
   expect_copy_ranges(args.copy_ranges, count, args.compute_copy.empty() ? 0 : args.compute_copy.numel(), 4, "cuda adamw");
+  expect_amax_slots(args.copy_ranges, args.weight_amax, "cuda adamw");
+  if (!args.weight_amax.empty()) {
+    expect_device(args.weight_amax, op, "weight_amax");
+    SMELT_CUDA_CHECK(cudaMemsetAsync(args.weight_amax.data, 0, size_t(args.weight_amax.numel()) * sizeof(float),
+                                     context.stream));
+  }
   AdamwConstants k;
   const double lr = args.lr;
   k.beta1 = args.beta1;
@@ -128,6 +155,7 @@ void adamw(CudaContext& context, const AdamwArgs& args) {
       const ComputeCopyRange& range = ranges[start + static_cast<size_t>(r)];
       runs.first[r] = range.begin / 4;
       runs.copy_first[r] = range.copied() ? range.copy_offset / 4 : -1;
+      runs.amax_slot[r] = range.amax_slot;
       runs.first[r + 1] = (range.begin + range.count) / 4;
     }
     const int64_t quads = runs.first[runs.count] - runs.first[0];
@@ -136,7 +164,7 @@ void adamw(CudaContext& context, const AdamwArgs& args) {
         reinterpret_cast<float4*>(args.params.data), reinterpret_cast<float4*>(args.grads.data),
         reinterpret_cast<float4*>(args.exp_avg.data), reinterpret_cast<float4*>(args.exp_avg_sq.data),
         args.compute_copy.empty() ? nullptr : reinterpret_cast<uint2*>(args.compute_copy.data),
-        args.max_norm > 0 ? args.grad_sum_squares.as<float>() : nullptr, runs, k);
+        args.weight_amax.empty() ? nullptr : args.weight_amax.as<float>(), args.max_norm > 0 ? args.grad_sum_squares.as<float>() : nullptr, runs, k);
     SMELT_CUDA_LAUNCH_CHECK("adamw_update");
   }
 }

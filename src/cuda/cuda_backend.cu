@@ -148,6 +148,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : state_(std::make_u
   state_->gemm_cache = cuda::make_gemm_cache();
   state_->attention_cache = cuda::make_attention_cache();
   context.gemm_cache = state_->gemm_cache.get();
+  context.gemm_autotune = options.gemm_autotune;
   context.attention_cache = state_->attention_cache.get();
 }
 

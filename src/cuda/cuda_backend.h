@@ -41,6 +41,9 @@ enum class CudaAttention : uint8_t {
 struct CudaBackendOptions {
   int device = 0;
   CudaAttention attention = CudaAttention::automatic;
+  // Time cuBLASLt's candidate algorithms for each GEMM shape on its first call (outside graph
+  // capture, when the call overwrites its output) and keep the fastest; off: the heuristic's first.
+  bool gemm_autotune = true;
 };
 
 struct CudaBackendState;  // stream, library handles, caches (cuda_backend.cu)

@@ -53,6 +53,7 @@ struct CudaContext {
   char* workspace = nullptr;
   size_t workspace_bytes = 0;
   OpCache* gemm_cache = nullptr;
+  bool gemm_autotune = false;  // time cuBLASLt's candidates per GEMM shape on first use (gemm.cu)
   OpCache* attention_cache = nullptr;
 
   void* gemm_workspace() const { return workspace; }

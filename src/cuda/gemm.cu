@@ -3,11 +3,16 @@
 // bf16 or f32 inputs, fp32 accumulation (no TF32), out in the input dtype or f32; float8
 // operands (e4m3/e5m2) in the TN form out = a @ b^T, tensorwise or outer-vector (rowwise) scales, or
 // the blockwise recipe's 1x128-tile / 128x128-block scales (core/float8_blocks.h).
-// Matmul descriptors and the chosen algorithm are cached per shape on the host.
+// Matmul descriptors and the chosen algorithm are cached per shape on the host. With autotuning
+// on, the first call of a shape that overwrites its output (no addend, outside graph capture) times
+// cuBLASLt's candidate algorithms on the real operands and keeps the fastest; the choice is shared
+// by every backend in the process, so two runs in one process pick the same kernels.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <tuple>
 
 #include "core/float8_blocks.h"
@@ -54,10 +59,16 @@ struct GemmKey {
   bool operator<(const GemmKey& other) const { return tie() < other.tie(); }
 };
 
+// How many of the heuristic's algorithms autotuning times per shape.
+constexpr int kTuningCandidates = 8;
+
 struct GemmPlan {
   cublasLtMatmulDesc_t operation = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algorithm{};
+  cublasLtMatmulHeuristicResult_t candidates[kTuningCandidates]{};  // the heuristic's, best first
+  int candidate_count = 0;
+  bool tuned = false;  // `algorithm` was chosen by timing (or taken from the process's table)
   ~GemmPlan() {
     if (c) cublasLtMatrixLayoutDestroy(c);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -70,6 +81,26 @@ class GemmCache final : public OpCache {
  public:
   std::map<GemmKey, std::unique_ptr<GemmPlan>> plans;
 };
+
+// Algorithms chosen by timing, per key, for the whole process (first decision wins).
+struct TunedAlgorithms {
+  std::mutex mutex;
+  std::map<GemmKey, cublasLtMatmulAlgo_t> chosen;
+};
+
+TunedAlgorithms& tuned_algorithms() {
+  static TunedAlgorithms table;
+  return table;
+}
+
+bool find_tuned(const GemmKey& key, cublasLtMatmulAlgo_t& algorithm) {
+  TunedAlgorithms& table = tuned_algorithms();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  auto found = table.chosen.find(key);
+  if (found == table.chosen.end()) return false;
+  algorithm = found->second;
+  return true;
+}
 
 // The tail of the GEMM workspace holds the reciprocals of float8 scales (cuBLASLt multiplies by
 // the scale it is given; smelt's scale is what the codes were multiplied by).
@@ -172,7 +203,8 @@ void set_scale_pointers(cublasLtMatmulDesc_t operation, const float* cublas_a_sc
 }
 
 std::unique_ptr<GemmPlan> build_plan(CudaContext& context, const GemmKey& key, const std::string& problem,
-                                     const float* cublas_a_scale, const float* cublas_b_scale, bool has_addend) {
+                                     const float* cublas_a_scale, const float* cublas_b_scale, bool has_addend,
+                                     int candidates) {
   auto plan = std::make_unique<GemmPlan>();
   check_cublas(cublasLtMatmulDescCreate(&plan->operation, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate",
                problem);
@@ -216,10 +248,10 @@ std::unique_ptr<GemmPlan> build_plan(CudaContext& context, const GemmKey& key, c
   for (auto attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
     cublasLtMatmulPreferenceSetAttribute(preference, attribute, &alignment, sizeof alignment);
-  cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(context.cublas, plan->operation, plan->a, plan->b,
-                                                               plan->c, plan->c, preference, 1, &result, &found);
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(context.cublas, plan->operation, plan->a, plan->b, plan->c, plan->c, preference,
+                                     std::min(candidates, kTuningCandidates), plan->candidates, &found);
   cublasLtMatmulPreferenceDestroy(preference);
   const bool float8 = key.scaling_a != OperandScaling::none;
   check_cublas(status, "cublasLtMatmulAlgoGetHeuristic",
@@ -234,8 +266,56 @@ std::unique_ptr<GemmPlan> build_plan(CudaContext& context, const GemmKey& key, c
                                 "; expected at least one. Check that the dtypes are supported together (bf16 or f32 "
                                 "inputs, out in the input dtype or f32; float8: a @ b^T, not both e5m2, K and the "
                                 "leading dimensions multiples of 16)");
-  plan->algorithm = result.algo;
+  plan->candidate_count = found;
+  plan->algorithm = plan->candidates[0].algo;
   return plan;
+}
+
+// Times each candidate algorithm of `plan` on the call's own operands (the output is overwritten
+// by every run, and by the real call after) and returns the fastest: one warm-up run, then the
+// median of three timed runs each. Candidates that fail to launch are skipped.
+cublasLtMatmulAlgo_t fastest_algorithm(CudaContext& context, const GemmPlan& plan, const void* a, const void* b,
+                                       void* out) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  SMELT_CUDA_CHECK(cudaEventCreate(&start));
+  SMELT_CUDA_CHECK(cudaEventCreate(&stop));
+  const float alpha = 1.0f, beta = 0.0f;
+  auto launch = [&](const cublasLtMatmulAlgo_t& algorithm) {
+    return cublasLtMatmul(context.cublas, plan.operation, &alpha, a, plan.a, b, plan.b, &beta, out, plan.c, out,
+                          plan.c, &algorithm, context.gemm_workspace(), kCublasWorkspaceBytes, context.stream);
+  };
+  cublasLtMatmulAlgo_t best = plan.candidates[0].algo;
+  float best_ms = -1;
+  for (int c = 0; c < plan.candidate_count; ++c) {
+    const cublasLtMatmulHeuristicResult_t& candidate = plan.candidates[c];
+    if (candidate.state != CUBLAS_STATUS_SUCCESS || launch(candidate.algo) != CUBLAS_STATUS_SUCCESS) continue;
+    float times[3] = {0, 0, 0};
+    int timed = 0;
+    for (; timed < 3; ++timed) {
+      SMELT_CUDA_CHECK(cudaEventRecord(start, context.stream));
+      const cublasStatus_t status = launch(candidate.algo);
+      SMELT_CUDA_CHECK(cudaEventRecord(stop, context.stream));
+      SMELT_CUDA_CHECK(cudaEventSynchronize(stop));
+      if (status != CUBLAS_STATUS_SUCCESS) break;
+      SMELT_CUDA_CHECK(cudaEventElapsedTime(&times[timed], start, stop));
+    }
+    if (timed < 3) continue;
+    std::sort(times, times + 3);
+    if (best_ms < 0 || times[1] < best_ms) {
+      best_ms = times[1];
+      best = candidate.algo;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  SMELT_CUDA_CHECK(cudaGetLastError());
+  return best;
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  SMELT_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
 }
 
 // The float8 scaling pairs cuBLASLt runs on Hopper: tensorwise or rowwise on both operands, or
@@ -329,9 +409,24 @@ void gemm(CudaContext& context, const GemmArgs& args) {
   auto& plans = static_cast<GemmCache*>(context.gemm_cache)->plans;
   auto found = plans.find(key);
   if (found == plans.end())
-    found = plans.emplace(key, build_plan(context, key, problem, scale_cublas_a, scale_cublas_b, addend != nullptr)).first;
-  const GemmPlan& plan = *found->second;
+    found = plans.emplace(key, build_plan(context, key, problem, scale_cublas_a, scale_cublas_b, addend != nullptr,
+                                          context.gemm_autotune ? kTuningCandidates : 1)).first;
+  GemmPlan& plan = *found->second;
   if (float8) set_scale_pointers(plan.operation, scale_cublas_a, scale_cublas_b, problem);
+  if (context.gemm_autotune && !plan.tuned) {
+    if (find_tuned(key, plan.algorithm)) {
+      plan.tuned = true;
+    } else if (addend == nullptr && !capturing(context.stream)) {
+      const cublasLtMatmulAlgo_t fastest = plan.candidate_count > 1
+                                               ? fastest_algorithm(context, plan, args.b.data, args.a.data,
+                                                                   args.out.data)
+                                               : plan.algorithm;
+      TunedAlgorithms& table = tuned_algorithms();
+      std::lock_guard<std::mutex> lock(table.mutex);
+      plan.algorithm = table.chosen.emplace(key, fastest).first->second;  // another backend's choice wins
+      plan.tuned = true;
+    }
+  }
   const float alpha = 1.0f, beta = addend ? 1.0f : 0.0f;
   const cublasStatus_t status =
       cublasLtMatmul(context.cublas, plan.operation, &alpha, args.b.data, plan.a, args.a.data, plan.b, &beta,

@@ -248,7 +248,7 @@ QuantizedOperand float8_saved_input_view(Float8Recipe recipe, int64_t in, int64_
 }
 
 void quantize_weight(Backend& backend, Float8Recipe recipe, const TensorView& weight, const Float8Weight& copy,
-                     const TensorView& amax, const TensorView& amax_transposed) {
+                     const TensorView& amax, const TensorView& amax_transposed, const TensorView& ready_amax) {
   const int64_t out = weight.rows(), in = weight.cols();
   SMELT_CHECK(copy.rows.values.rows() == out && copy.rows.values.cols() == in,
               "quantize_weight: copy of " + copy.rows.values.str() + " for weight " + weight.str());
@@ -266,6 +266,23 @@ void quantize_weight(Backend& backend, Float8Recipe recipe, const TensorView& we
   }
   const bool rowwise = cast.scaling == OperandScaling::rowwise;
   const bool both = !copy.transposed.values.empty();
+  if (!ready_amax.empty()) {  // tensorwise, amax taken already: the cast alone
+    SMELT_CHECK(cast.scaling == OperandScaling::tensorwise && ready_amax.numel() == 1,
+                "quantize_weight: a ready amax " + ready_amax.str() + " is for tensorwise weights only");
+    QuantizeArgs q;
+    q.src = weight;
+    q.dst = copy.rows.values;
+    q.scale = copy.rows.scale;
+    q.amax = ready_amax;
+    q.round_scale_to_power_of_two = cast.round_scale_to_power_of_two;
+    if (both) {
+      q.dst_transposed = copy.transposed.values;
+      q.amax_transposed = ready_amax;
+      q.scale_transposed = copy.transposed.scale;
+    }
+    backend.quantize(q);
+    return;
+  }
   SMELT_CHECK(amax.numel() >= (rowwise ? out : 1) && amax_transposed.numel() >= (rowwise && both ? in : 1),
               "quantize_weight: amax scratch too small for " + weight.str());
   const TensorView row_amax(amax.data, DType::f32, Shape{rowwise ? out : 1}, amax.device);

@@ -142,13 +142,16 @@ struct MeanArgs {
 // starts at element `copy_offset` of the copy buffer, or that have none (copy_offset -1).
 struct ComputeCopyRange {
   int64_t begin = 0, count = 0, copy_offset = -1;
+  // >= 0: AdamW also takes max |p| over the run's updated parameters into weight_amax[amax_slot]
+  // (a float8 weight's tensorwise amax, so its cast needs no amax pass of its own).
+  int32_t amax_slot = -1;
   bool copied() const { return copy_offset >= 0; }
 };
 
 // AdamW over one flat range (PyTorch semantics: decoupled decay, bias correction),
 // gradients scaled by min(1, max_norm / (sqrt(sum_squares) + 1e-6)) when max_norm > 0.
 struct AdamwArgs {
-  TensorView params, grads, exp_avg, exp_avg_sq;  // (n) f32
+  TensorView params, grads, exp_avg, exp_avg_sq;  // (n) f32; grads are read, never written (clipped in registers)
   TensorView grad_sum_squares;  // (1) f32: from SumSquares over all gradients
   // Optional bf16: receives the updated parameters, rounded (the GEMMs' weights). Without
   // copy_ranges it is (n), one copy of every element.
@@ -157,6 +160,9 @@ struct AdamwArgs {
   // copy_offset a multiple of 4), each copied into compute_copy at its copy_offset or not at all.
   // Every element gets the same update either way (the clip factor comes from grad_sum_squares).
   std::span<const ComputeCopyRange> copy_ranges;
+  // Needed when a copy run has an amax_slot: (slots) f32; slot s receives the largest |p| after the
+  // update over the runs naming s (NaN when one is NaN), 0 when no run names it.
+  TensorView weight_amax;
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
   float max_norm = 0;
   int64_t step = 1;  // 1-based

@@ -54,6 +54,9 @@ void expect_copy_ranges(std::span<const ComputeCopyRange> ranges, int64_t count,
         (range.copied() && range.copy_offset % alignment != 0))
       fail(ErrorKind::internal, where + ": expected multiples of " + std::to_string(alignment) +
                                     " elements; parameters are laid out in 64-element steps");
+    if (range.amax_slot < -1)
+      fail(ErrorKind::internal, where + ": expected amax_slot -1 (none) or a slot index, found " +
+                                    std::to_string(range.amax_slot));
     if (range.copied() && range.copy_offset + range.count > copy_count)
       fail(ErrorKind::internal, where + ": reaches past the compute copy of " + std::to_string(copy_count) +
                                     " elements; size the copy from the same runs");
@@ -62,6 +65,19 @@ void expect_copy_ranges(std::span<const ComputeCopyRange> ranges, int64_t count,
   if (next != count)
     fail(ErrorKind::internal, std::string(op) + ": copy_ranges cover [0, " + std::to_string(next) + "), expected [0, " +
                                   std::to_string(count) + "); the runs must cover every parameter");
+}
+
+void expect_amax_slots(std::span<const ComputeCopyRange> ranges, const TensorView& weight_amax, const char* op) {
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    if (ranges[r].amax_slot < 0) continue;
+    if (weight_amax.empty())
+      fail(ErrorKind::internal, std::string(op) + ": copy_ranges[" + std::to_string(r) + "] names amax slot " +
+                                    std::to_string(ranges[r].amax_slot) + " but no weight_amax was given; pass it");
+    if (weight_amax.dtype != DType::f32 || ranges[r].amax_slot >= weight_amax.numel())
+      fail(ErrorKind::internal, std::string(op) + ": copy_ranges[" + std::to_string(r) + "] names amax slot " +
+                                    std::to_string(ranges[r].amax_slot) + ", expected an f32 weight_amax longer than "
+                                    "that, found " + weight_amax.str());
+  }
 }
 
 }  // namespace smelt

@@ -20,5 +20,8 @@ void expect_device(const TensorView& view, Device device, const char* op, const 
 // multiple of `alignment` elements. An empty span is one run, copied at 0 when copy_count > 0.
 void expect_copy_ranges(std::span<const ComputeCopyRange> ranges, int64_t count, int64_t copy_count, int64_t alignment,
                         const char* op);
+// AdamW's amax slots: every run's amax_slot below weight_amax's length, and weight_amax f32 when
+// a run names a slot. Device placement is the caller's to check.
+void expect_amax_slots(std::span<const ComputeCopyRange> ranges, const TensorView& weight_amax, const char* op);
 
 }  // namespace smelt

@@ -261,10 +261,11 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
       bytes = 28 * local_parameters() + width * copied, launches = 2;
       break;
     }
-    case StepKind::cast_weights: {  // unsharded float8 linears from the fp32 master: an amax pass and a
-      const Float8Weights f = float8_weights(m, o);  // cast pass read it, the cast writes W and W^T (e4m3;
-      const double copies = float8_transposes_per_use(o.float8) ? 1 : 2;  // W alone when W^T is made per use)
-      bytes = (4 + 4 + copies) * f.elements, launches = 2 * f.linears;
+    case StepKind::cast_weights: {  // unsharded float8 linears from the fp32 master: an amax pass (none when
+      const Float8Weights f = float8_weights(m, o);  // AdamW took the amax) and a cast pass read it, the cast
+      const double copies = float8_transposes_per_use(o.float8) ? 1 : 2;  // writes W and W^T (e4m3; W alone
+      const bool amax_pass = !optimizer_takes_float8_weight_amax(o);     // when W^T is made per use)
+      bytes = ((amax_pass ? 4 : 0) + 4 + copies) * f.elements, launches = (amax_pass ? 2 : 1) * f.linears;
       break;
     }
     case StepKind::loss_reduce: bytes = tokens * 4; break;

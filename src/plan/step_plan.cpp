@@ -69,6 +69,11 @@ int64_t StepPlan::compute_copy_offset(const ParameterInfo& info) const {
   return run->copied() ? run->copy_offset + (info.offset - run->begin) : -1;
 }
 
+bool optimizer_takes_float8_weight_amax(const PlanOptions& options) {
+  const bool sharded = options.shard_degree > 1 || options.shard_single_rank;
+  return !sharded && options.compute_dtype != master_dtype(options.compute_dtype) && float8_fused_amax(options.float8);
+}
+
 std::vector<ComputeCopyRange> compute_copy_ranges(const ModelConfig& model, const PlanOptions& options) {
   const bool sharded = options.shard_degree > 1 || options.shard_single_rank;
   if (sharded || options.compute_dtype == master_dtype(options.compute_dtype)) return {};
@@ -79,20 +84,24 @@ std::vector<ComputeCopyRange> compute_copy_ranges(const ModelConfig& model, cons
     if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm || !float8) return true;
     return !float8_linear_enabled(options.float8, model, layer, weight);
   };
+  const bool amax_slots = optimizer_takes_float8_weight_amax(options);
   std::vector<ComputeCopyRange> ranges;
   int64_t copy_total = 0;
   for (size_t index = 0; index < parameters.size(); ++index) {
     // The embedding (index 0) and the output projection (last) have none; the final norm keeps its.
     bool keep = index != 0 && index + 1 != parameters.size();
     const int64_t block_index = static_cast<int64_t>(index) - 1;
-    if (index != 0 && block_index < model.n_layers * kLayerWeightCount)
+    int32_t slot = -1;
+    if (index != 0 && block_index < model.n_layers * kLayerWeightCount) {
       keep = copied(block_index / kLayerWeightCount, static_cast<LayerWeight>(block_index % kLayerWeightCount));
+      if (amax_slots && !keep && float8) slot = static_cast<int32_t>(block_index);  // layer * 7 + weight
+    }
     const int64_t begin = parameters[index].offset;
     const int64_t end = index + 1 < parameters.size() ? parameters[index + 1].offset : layout.total();
-    if (!ranges.empty() && ranges.back().copied() == keep) {
+    if (!ranges.empty() && ranges.back().copied() == keep && slot < 0 && ranges.back().amax_slot < 0) {
       ranges.back().count = end - ranges.back().begin;
     } else {
-      ranges.push_back({begin, end - begin, keep ? copy_total : -1});
+      ranges.push_back({begin, end - begin, keep ? copy_total : -1, slot});
     }
     if (keep) copy_total += end - begin;
   }
@@ -169,6 +178,9 @@ void add_float8_buffers(PlanBuilder& b, StepPlan& plan, int64_t tokens) {
                                  Shape{plan.float8_weight_layout.value_bytes}, BufferClass::compute_weights, true);
   plan.float8_weight_scales = b.buffer("float8 weight scales", DType::f32, Shape{plan.float8_weight_layout.scale_floats},
                                        BufferClass::compute_weights, true);
+  if (optimizer_takes_float8_weight_amax(plan.options))
+    plan.float8_weight_amax = b.buffer("float8 weight amax (taken by AdamW for the cast)", DType::f32,
+                                       Shape{plan.model.n_layers * kLayerWeightCount}, BufferClass::workspace, true);
   if (float8_gemm_cast(recipe, LinearGemm::output).a.scaling == OperandScaling::tensorwise)
     plan.float8_input_amax = b.buffer("float8 input amax (forward -> grad-weight)", DType::f32,
                                       Shape{plan.model.n_layers * kLayerWeightCount}, BufferClass::workspace, true);
@@ -426,10 +438,11 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   b.emit({StepKind::gradient_norm}, {plan.gradients, plan.grad_sum_squares});
   shard.all_reduce(StepKind::all_reduce_gradient_norm, plan.grad_sum_squares);
   // The optimizer also writes the compute copy of the weights (the cast is fused into it).
-  b.emit({StepKind::optimizer}, {plan.parameters, plan.gradients, plan.exp_avg, plan.exp_avg_sq, plan.compute_weights});
+  b.emit({StepKind::optimizer},
+         {plan.parameters, plan.gradients, plan.exp_avg, plan.exp_avg_sq, plan.compute_weights, plan.float8_weight_amax});
   if (plan.float8_weights >= 0)  // the float8 weight copies of the next step, from the updated master weights
     b.emit({StepKind::cast_weights}, {plan.parameters, plan.float8_weights, plan.float8_weight_scales,
-                                      plan.float8_statistics});
+                                      plan.float8_statistics, plan.float8_weight_amax});
   b.emit({StepKind::loss_reduce}, {plan.losses, plan.loss});
   shard.all_reduce(StepKind::all_reduce_loss, plan.loss);
   b.finish();

@@ -173,6 +173,8 @@ struct StepPlan {
   int float8_weights = -1, float8_weight_scales = -1, float8_input_amax = -1;
   // Float8 amax taken by producers (float8_fused_amax): per block, SwiGLU's output, d gate, d up.
   int float8_producer_amax = -1;
+  // Float8 weights' amax taken by AdamW (optimizer_takes_float8_weight_amax): layer * 7 + weight.
+  int float8_weight_amax = -1;
   Float8ScratchSizes float8_sizes;
   Float8WeightLayout float8_weight_layout;
   MemoryPlan memory;
@@ -200,8 +202,14 @@ struct StepPlan {
 // StepPlan::output_weight by the output-head step, which alone reads it) have none. Returns the runs of the
 // flat parameter range [0, ParameterLayout::total()) with and without a copy, in order, each
 // copied run packed after the previous one (64-element aligned, like the flat layout); empty when
-// the plan has no compute copy, or is sharded (its copy covers every element of the shard).
+// the plan has no compute copy, or is sharded (its copy covers every element of the shard). With
+// optimizer_takes_float8_weight_amax, each float8 linear's weight is a run of its own whose
+// amax_slot is layer * 7 + weight.
 std::vector<ComputeCopyRange> compute_copy_ranges(const ModelConfig& model, const PlanOptions& options);
+// True when AdamW takes the tensorwise amax of every float8 linear's updated master weight (copy
+// runs with amax slots, StepPlan::float8_weight_amax) and the weight cast skips its amax pass:
+// unsharded plans with a compute copy, tensorwise with fusion "full".
+bool optimizer_takes_float8_weight_amax(const PlanOptions& options);
 // Elements of the compute copy the runs describe (0 for no runs).
 int64_t compute_copy_elements(const std::vector<ComputeCopyRange>& ranges);
 

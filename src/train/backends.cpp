@@ -17,8 +17,9 @@ int gpu_count() {
 #endif
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device, int device_index) {
+std::unique_ptr<Backend> make_backend(const std::string& device, int device_index, bool gemm_autotune) {
   (void)device_index;
+  (void)gemm_autotune;
   if (device == "cpu") return make_cpu_backend();
   if (device == "cuda") {
 #ifdef SMELT_HAVE_CUDA
@@ -29,6 +30,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int device_inde
                                   std::to_string(cuda_device_count()) + " are visible; start at most one rank per GPU");
     CudaBackendOptions options;
     options.device = device_index;
+    options.gemm_autotune = gemm_autotune;
     return make_cuda_backend(options);
 #else
     fail(ErrorKind::device, "job.device = \"cuda\" but this smelt was built without CUDA (SMELT_CUDA=OFF); rebuild with nvcc available");

@@ -66,7 +66,7 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   // Sharded configs (and launches of several ranks) bench each rank's step with its collectives;
   // the figures are per GPU, as torchtitan reports them.
   const LaunchEnvironment environment = read_launch_environment();
-  auto backend = make_backend(config.job.device, environment.local_rank);
+  auto backend = make_backend(config.job.device, environment.local_rank, config.training.gemm_autotune);
   const RunRanks ranks = join_ranks(config, environment, *backend, nullptr);
   if (ranks.world_size > 1) check_same_config(*ranks.communicator, config_to_json(config));
   RunSetup setup = prepare_run(config, backend.get(), /*need_tokenizer=*/false);
@@ -140,8 +140,13 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
     if (!options.calibrate_path.empty()) merge_calibration(options.calibrate_path, setup, plan, per_step_ms, log);
   }
   const size_t free_after = device_free_bytes(*backend);
-  if (backend->device() == Device::cuda)
+  if (backend->device() == Device::cuda) {
     log << "CUDA graph: " << (executor.graph_active() ? "captured and replayed" : "off (ops launched one by one)") << "\n";
+    log << "GEMM algorithms: "
+        << (config.training.gemm_autotune ? "the fastest of cuBLASLt's candidates, timed per shape in the first step"
+                                          : "cuBLASLt's heuristic first choice (training.gemm_autotune = false)")
+        << "\n";
+  }
   r.measured_bytes = backend->device() == Device::cuda ? free_before - free_after : executor.arena().size();
 
   std::vector<double> sorted = milliseconds;

@@ -215,10 +215,11 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
         a.compute_copy = view(plan_.compute_weights);
         a.copy_ranges = plan_.compute_copy_ranges;
       }
+      if (plan_.float8_weight_amax >= 0) a.weight_amax = view(plan_.float8_weight_amax);
       backend_.adamw(a);
       return;
     }
-    case StepKind::cast_weights: quantize_float8_weights(); return;
+    case StepKind::cast_weights: quantize_float8_weights(true); return;
     case StepKind::loss_reduce: backend_.mean({view(plan_.losses), view(plan_.loss)}); return;
     case StepKind::all_gather:
     case StepKind::reduce_scatter:

@@ -111,7 +111,9 @@ class Executor {
   // The scratch a step's float8 linears use: the forward's, or the recompute and backward's.
   void select_float8_scratch(const Step& step);
   std::array<Float8LinearState, kLayerWeightCount> float8_states(int layer) const;
-  void quantize_float8_weights();
+  // after_optimizer: the amax of each weight is the one AdamW just took (plan_.float8_weight_amax,
+  // when the plan has it); otherwise (start-up, loaded weights) every amax is taken here.
+  void quantize_float8_weights(bool after_optimizer = false);
   // Float8 all-gather: the amax / all-reduce / cast steps that fill this rank's e4m3 shards; the
   // gathered unit's norms unpacked and its W^T copies made (once per use); the layer's float8
   // linears pointed at the gathered e4m3 weights.

@@ -57,17 +57,23 @@ std::array<Float8LinearState, kLayerWeightCount> Executor::float8_states(int lay
 
 // Unsharded plans: every float8 linear's W and W^T from its fp32 master weight (float8 linears
 // have no compute-dtype copy; quantising the master rounds once, to e4m3).
-void Executor::quantize_float8_weights() {
+void Executor::quantize_float8_weights(bool after_optimizer) {
   if (plan_.float8_weights < 0) return;
   const Float8Scratch& scratch = context_.float8_scratch;
   const TensorView master = view(plan_.parameters);
+  const bool amax_ready = after_optimizer && plan_.float8_weight_amax >= 0;
   for (int layer = 0; layer < static_cast<int>(plan_.model.n_layers); ++layer) {
     const auto states = float8_states(layer);
     for (int w = 0; w < kLayerWeightCount; ++w) {
       if (states[static_cast<size_t>(w)].weight.empty()) continue;
       const TensorView weight = ParameterLayout::slice(master, layout_.layer(layer, static_cast<LayerWeight>(w)));
+      TensorView ready;  // AdamW's amax of this weight
+      if (amax_ready) {
+        const TensorView all = view(plan_.float8_weight_amax);
+        ready = TensorView(all.as<float>() + layer * kLayerWeightCount + w, DType::f32, Shape{1}, all.device);
+      }
       quantize_weight(backend_, plan_.options.float8.recipe, weight, states[static_cast<size_t>(w)].weight,
-                      scratch.activation.amax, scratch.activation_transposed.amax);
+                      scratch.activation.amax, scratch.activation_transposed.amax, ready);
     }
   }
 }

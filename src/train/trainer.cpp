@@ -71,7 +71,8 @@ JobConfig checkpoint_config_for_rank(const JobConfig& config, const RunRanks& ra
 TrainResult train(const JobConfig& config, std::ostream& log, Communicator* communicator) {
   using clock = std::chrono::steady_clock;
   const LaunchEnvironment environment = read_launch_environment();
-  auto backend = make_backend(config.job.device, communicator ? 0 : environment.local_rank);
+  auto backend = make_backend(config.job.device, communicator ? 0 : environment.local_rank,
+                              config.training.gemm_autotune);
   const RunRanks ranks = join_ranks(config, environment, *backend, communicator);
   if (ranks.world_size > 1) check_same_config(*ranks.communicator, config_to_json(config));
   RunSetup setup = prepare_run(config, backend.get());

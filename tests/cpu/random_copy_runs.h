@@ -28,4 +28,15 @@ inline std::vector<ComputeCopyRange> random_copy_runs(int64_t count, uint64_t se
   return runs;
 }
 
+// Gives the runs without a copy amax slots in [0, slots - 1) (every third one none), so that some
+// slots gather several runs and slot slots - 1 is named by none.
+inline void assign_amax_slots(std::vector<ComputeCopyRange>& runs, int32_t slots, uint64_t seed) {
+  std::mt19937_64 generator(seed);
+  int uncopied = 0;
+  for (ComputeCopyRange& run : runs) {
+    if (run.copied()) continue;
+    run.amax_slot = uncopied++ % 3 == 2 ? -1 : int32_t(generator() % uint64_t(slots - 1));
+  }
+}
+
 }  // namespace smelt::testing_support

@@ -1,6 +1,8 @@
 // The smaller compute copy on the GPU: AdamW over copy runs (more runs than one launch takes)
 // bit-identical to AdamW over the whole range with a full copy, and the embedding forward from
 // an f32 table into bf16 bit-identical to the CPU and to gathering a bf16 copy of the table.
+#include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "cuda_test_support.h"
@@ -61,7 +63,8 @@ TEST_F(CudaComputeCopy, AdamwOverCopyRunsEqualsTheWholeRangeBitForBit) {
     cuda_->adamw(ranged_args);
     cuda_->synchronize();
     expect_bits_equal(download(whole.params), download(ranged.params), "params");
-    expect_bits_equal(download(whole.grads), download(ranged.grads), "clipped gradients");
+    expect_bits_equal(grads, download(whole.grads), "gradients (the optimizer only reads them)");
+    expect_bits_equal(grads, download(ranged.grads), "gradients (the optimizer only reads them), copy runs");
     expect_bits_equal(download(whole.exp_avg), download(ranged.exp_avg), "exp_avg");
     expect_bits_equal(download(whole.exp_avg_sq), download(ranged.exp_avg_sq), "exp_avg_sq");
     // The packed copy: each copied run's elements, in order, as the full copy holds them.
@@ -76,6 +79,57 @@ TEST_F(CudaComputeCopy, AdamwOverCopyRunsEqualsTheWholeRangeBitForBit) {
     for (int64_t i = 0; i < copy_count; ++i) unwritten += std::isnan(packed.get(i));
     EXPECT_EQ(unwritten, 0) << "elements of the packed copy left poisoned";
   }
+}
+
+// AdamW's amax slots (float8 weights' tensorwise amax) over runs taking several launches: each
+// slot bit-identical to the largest |p| of the GPU's updated parameters over its runs (0 for a slot
+// no run names), the amax buffer poisoned first; the update as close to the CPU's as without slots.
+TEST_F(CudaComputeCopy, AdamwAmaxSlotsMatchCpuBitForBit) {
+  const int64_t count = 4 * 20011;
+  const int32_t slots = 7;
+  int64_t copy_count = 0;
+  auto runs = random_runs(count, 9, copy_count);
+  testing_support::assign_amax_slots(runs, slots, 10);
+  ASSERT_GT(runs.size(), 2u * 192u) << "the runs must take several launches";
+  HostTensor params = random_tensor(DType::f32, Shape{count}, 80, 2.0), grads = random_tensor(DType::f32, Shape{count}, 81);
+  HostTensor exp_avg = random_tensor(DType::f32, Shape{count}, 82, 0.1), exp_avg_sq(DType::f32, Shape{count});
+  HostTensor seed_sq = random_tensor(DType::f32, Shape{count}, 83, 0.1);
+  for (int64_t i = 0; i < count; ++i) exp_avg_sq.set(i, seed_sq.get(i) * seed_sq.get(i));
+  HostTensor sum_squares(DType::f32, Shape{1});
+  sum_squares.set(0, 4.0);
+  HostTensor copy(DType::bf16, Shape{copy_count}), amax(DType::f32, Shape{slots});
+  TensorView d_params = upload(params), d_grads = upload(grads), d_m = upload(exp_avg), d_v = upload(exp_avg_sq);
+  TensorView d_copy = poisoned(DType::bf16, Shape{copy_count}), d_amax = poisoned(DType::f32, Shape{slots});
+  AdamwArgs args{params.view, grads.view, exp_avg.view, exp_avg_sq.view, sum_squares.view};
+  args.compute_copy = copy.view;
+  args.copy_ranges = runs;
+  args.weight_amax = amax.view;
+  args.lr = 3e-2f;
+  args.weight_decay = 0.1f;
+  args.max_norm = 1.0f;
+  args.step = 3;
+  AdamwArgs device_args = args;
+  device_args.params = d_params;
+  device_args.grads = d_grads;
+  device_args.exp_avg = d_m;
+  device_args.exp_avg_sq = d_v;
+  device_args.grad_sum_squares = upload(sum_squares);
+  device_args.compute_copy = d_copy;
+  device_args.weight_amax = d_amax;
+  cpu_->adamw(args);
+  cuda_->adamw(device_args);
+  const HostTensor updated = download(d_params);
+  expect_close(params, updated, 1e-6, "params");
+  HostTensor expected(DType::f32, Shape{slots});
+  for (int32_t s = 0; s < slots; ++s) expected.set(s, 0.0);
+  for (const auto& run : runs)
+    if (run.amax_slot >= 0)
+      for (int64_t i = run.begin; i < run.begin + run.count; ++i)
+        expected.set(run.amax_slot, std::max(expected.get(run.amax_slot), std::fabs(updated.get(i))));
+  expect_bits_equal(expected, download(d_amax), "float8 weight amax slots");
+  expect_close(amax, download(d_amax), 1e-6, "float8 weight amax slots against the CPU");
+  EXPECT_GT(expected.get(0), 0.0);
+  EXPECT_EQ(expected.get(slots - 1), 0.0);
 }
 
 TEST_F(CudaComputeCopy, EmbeddingFromAnF32TableMatchesCpuAndTheBf16Copy) {

@@ -24,6 +24,7 @@ void widen_compute_copy(TinyRun& run) {
   ASSERT_GE(plan.compute_weights, 0);
   ASSERT_FALSE(plan.compute_copy_ranges.empty());
   plan.compute_copy_ranges.clear();
+  plan.float8_weight_amax = -1;  // no run of its own per float8 weight: the cast takes its amax
   plan.output_weight = -1;  // the output head reads the persistent copy (its own buffer stays, unused)
   auto& buffer = plan.buffers[size_t(plan.compute_weights)];
   const int64_t total = ParameterLayout(plan.model).total();

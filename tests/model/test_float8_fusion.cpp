@@ -1,7 +1,8 @@
 // [float8] fusion = "full" with tensorwise scaling: SwiGLU takes the amax of its output (w2's x)
 // and of its gradients (w1's and w3's dy) in the same pass, and those casts skip their amax pass.
+// AdamW takes the amax of every float8 weight it updates, and the weight cast skips its amax pass.
 // Training is bit-identical to fusion = "linear" under every policy; the amax passes really go
-// (three per block and step fewer); the other recipes are untouched.
+// (three per block and one per float8 weight and step fewer); the other recipes are untouched.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,7 +27,8 @@ struct Trajectory {
   std::vector<double> losses, norms;
   std::vector<float> parameters;
   int64_t amax_calls = 0;
-  bool producer_amax = false;
+  bool producer_amax = false, weight_amax = false;
+  int64_t float8_linears = 0;
 };
 
 Trajectory train(Float8Recipe recipe, const std::string& policy, bool fused) {
@@ -56,6 +58,9 @@ Trajectory train(Float8Recipe recipe, const std::string& policy, bool fused) {
   run.executor->read_parameters(t.parameters.data());
   t.amax_calls = backend->amax_calls;
   t.producer_amax = run.plan.float8_producer_amax >= 0;
+  t.weight_amax = run.plan.float8_weight_amax >= 0;
+  for (const auto& layer : run.plan.layers)
+    for (bool float8 : layer.float8) t.float8_linears += float8 ? 1 : 0;
   return t;
 }
 
@@ -66,14 +71,17 @@ TEST(Float8Fusion, TensorwiseSwigluAmaxSameTrainingEveryPolicyAndFewerAmaxPasses
     const Trajectory linear = train(Float8Recipe::tensorwise, policy, false);
     EXPECT_TRUE(fused.producer_amax);
     EXPECT_FALSE(linear.producer_amax);
+    EXPECT_TRUE(fused.weight_amax);
+    EXPECT_FALSE(linear.weight_amax);
+    ASSERT_GT(fused.float8_linears, 0);
     for (size_t i = 0; i < fused.losses.size(); ++i) {
       EXPECT_EQ(fused.losses[i], linear.losses[i]) << "loss of step " << i + 1;
       EXPECT_EQ(fused.norms[i], linear.norms[i]) << "gradient norm of step " << i + 1;
     }
     EXPECT_NE(fused.losses.front(), fused.losses.back()) << "training changed nothing";
     EXPECT_EQ(0, std::memcmp(fused.parameters.data(), linear.parameters.data(), fused.parameters.size() * sizeof(float)));
-    // Per block and step: w2's forward cast, w1's and w3's dy casts.
-    EXPECT_EQ(linear.amax_calls - fused.amax_calls, 3 * kLayers * kSteps);
+    // Per block and step: w2's forward cast, w1's and w3's dy casts; per float8 weight and step, its cast.
+    EXPECT_EQ(linear.amax_calls - fused.amax_calls, (3 * kLayers + fused.float8_linears) * kSteps);
   }
 }
 
@@ -82,6 +90,7 @@ TEST(Float8Fusion, OtherRecipesTakeNoProducerAmax) {
     SCOPED_TRACE(std::string(float8_recipe_name(recipe)));
     const Trajectory fused = train(recipe, "none", true), linear = train(recipe, "none", false);
     EXPECT_FALSE(fused.producer_amax);
+    EXPECT_FALSE(fused.weight_amax);
     EXPECT_EQ(fused.amax_calls, linear.amax_calls);
     EXPECT_EQ(fused.losses, linear.losses);
   }

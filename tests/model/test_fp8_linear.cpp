@@ -485,9 +485,11 @@ TEST(Float8Plan, FiltersKeepNamedLinearsInBf16AndRecipeNoneAddsNothing) {
   use_float8(run, Float8Recipe::tensorwise, {"output", "attention.wq", "layers.1.feed_forward"});
   // Forward and backward scratch, their statistics, the weight copies, their scales, the saved input
   // amax; and layer 0's FFN norm and SwiGLU outputs kept as float8 x^T (its wq, which reads the
-  // attention norm's, and layer 1's FFN are in bf16); and the amax SwiGLU takes for them (fusion full).
-  EXPECT_EQ(run.plan.buffers.size(), plain_buffers + 6 + 2 + 1);
+  // attention norm's, and layer 1's FFN are in bf16); and the amaxes SwiGLU and AdamW take for them
+  // (fusion full).
+  EXPECT_EQ(run.plan.buffers.size(), plain_buffers + 6 + 2 + 2);
   EXPECT_GE(run.plan.float8_producer_amax, 0);
+  EXPECT_GE(run.plan.float8_weight_amax, 0);
   EXPECT_GE(run.plan.layers[0].float8_saved[size_t(Activation::ffn_norm_out)], 0);
   EXPECT_GE(run.plan.layers[0].float8_saved[size_t(Activation::swiglu_out)], 0);
   EXPECT_LT(run.plan.layers[0].float8_saved[size_t(Activation::attn_norm_out)], 0);

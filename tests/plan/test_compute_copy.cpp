@@ -84,18 +84,33 @@ void expect_copy_holds_exactly(const PlanOptions& o, const std::string& what) {
   for (size_t i = 0; i + 1 < slices.size(); ++i)
     EXPECT_EQ(slices[i].first + slices[i].second, slices[i + 1].first) << "kept parameters packed in order";
   EXPECT_EQ(slices.back().first + slices.back().second, expected_elements);
-  // The runs: consecutive over [0, total), alternating copied and not (maximal).
-  int64_t next = 0;
+  // The runs: consecutive over [0, total), alternating copied and not (maximal), except that with
+  // AdamW taking the float8 weights' amax each float8 weight is a run of its own, slot layer * 7 + weight.
+  const bool slots = optimizer_takes_float8_weight_amax(o);
+  EXPECT_EQ(slots, plan.float8_weight_amax >= 0);
+  int64_t next = 0, slotted = 0;
   for (size_t r = 0; r < plan.compute_copy_ranges.size(); ++r) {
     const auto& run = plan.compute_copy_ranges[r];
     EXPECT_EQ(run.begin, next);
     EXPECT_GT(run.count, 0);
-    if (r > 0) {
+    if (r > 0 && run.amax_slot < 0 && plan.compute_copy_ranges[r - 1].amax_slot < 0) {
       EXPECT_NE(run.copied(), plan.compute_copy_ranges[r - 1].copied()) << "run " << r << " not maximal";
+    }
+    if (run.amax_slot >= 0) {
+      ++slotted;
+      EXPECT_TRUE(slots) << "run " << r << " has an amax slot in a plan without them";
+      EXPECT_FALSE(run.copied());
+      const ParameterInfo& p = layout.parameters()[size_t(run.amax_slot) + 1];  // after the embedding
+      EXPECT_EQ(run.begin, p.offset) << p.name;
+      EXPECT_EQ(run.count, padded(p.numel())) << p.name;
+      EXPECT_FALSE(expected_copy(model, o, size_t(run.amax_slot) + 1)) << p.name << " is not a float8 linear";
     }
     next = run.begin + run.count;
   }
   EXPECT_EQ(next, layout.total());
+  if (slots) {
+    EXPECT_EQ(slotted, skipped - 2) << "every float8 linear (all but the embedding and the output) has a slot";
+  }
 }
 
 TEST(ComputeCopy, Bf16PlanCopiesEverythingButTheEmbeddingAndTheOutput) {
@@ -176,10 +191,14 @@ TEST(ComputeCopy, CostModelCountsTheCopyAndTheMasterCast) {
   for (size_t i = 1; i + 1 < layout.parameters().size(); ++i)  // nor are the embedding (0) and the output (last)
     if (plan.compute_copy_offset(layout.parameters()[i]) < 0) float8_elements += double(layout.parameters()[i].numel()), ++linears;
   EXPECT_EQ(linears, 7.0 * double(model.n_layers));
-  EXPECT_NEAR(seconds(StepKind::cast_weights, fp8), expected(9 * float8_elements, 2 * linears), 1e-12);
+  // AdamW took the amax (fusion full): the cast reads the master once and writes W (and W^T when kept).
+  EXPECT_NEAR(seconds(StepKind::cast_weights, fp8), expected(5 * float8_elements, linears), 1e-12);
   PlanOptions fp8_kept = fp8;
   fp8_kept.float8.keep_transposed_weights = true;
-  EXPECT_NEAR(seconds(StepKind::cast_weights, fp8_kept), expected(10 * float8_elements, 2 * linears), 1e-12);
+  EXPECT_NEAR(seconds(StepKind::cast_weights, fp8_kept), expected(6 * float8_elements, linears), 1e-12);
+  PlanOptions fp8_linear = fp8;  // fusion linear: an amax pass first
+  fp8_linear.float8.fuse_amax_into_producers = false;
+  EXPECT_NEAR(seconds(StepKind::cast_weights, fp8_linear), expected(9 * float8_elements, 2 * linears), 1e-12);
   // The output head also casts its weight (read 4 bytes, write 2 per element) when there is a bf16 copy.
   PlanOptions f32 = bf16_options();
   f32.compute_dtype = DType::f32;
