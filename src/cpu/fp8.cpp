@@ -95,6 +95,13 @@ void amax(const AmaxArgs& args) {
   if (!args.rowwise) store_float(args.amax, 0, maximum);
 }
 
+void amax_of(const TensorView& x, const TensorView& result) {
+  AmaxArgs a;
+  a.x = x.reshaped(Shape{x.rows(), x.cols()});
+  a.amax = result;
+  amax(a);
+}
+
 namespace {
 
 // The scales of one output: read from `scale`, or computed from `amax` and written to `scale`.

@@ -8,6 +8,9 @@ namespace smelt::cpu {
 // amax[0] = max |x| (tensorwise) or amax[r] = max_c |x[r, c]| (rowwise; per column with transpose);
 // column_amax[c] = max_r |x[r, c]| when given. NaN propagates.
 void amax(const AmaxArgs& args);
+// The amax of a tensor, seen as (rows, cols) by its last dimension, over its stored values, into
+// result (1): what a producer that fuses the amax into its own pass gives.
+void amax_of(const TensorView& x, const TensorView& result);
 
 // dst = float_to_float8(float(src) * scale), the multiply in float32, saturating; with transpose
 // dst (cols, rows) holds src^T and a rowwise scale is one per dst row. With `amax` the scale is

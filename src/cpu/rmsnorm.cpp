@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cpu/fp8.h"
 #include "cpu/kernels.h"
 #include "cpu/storage.h"
 
@@ -87,6 +88,7 @@ void rmsnorm_forward(const RmsNormForwardArgs& args) {
     expect_dtype(args.rstd, storage_dtype<Accumulator<Storage>>(), op, "rstd");
     forward<Storage>(args);
   });
+  if (!args.amax.empty()) amax_of(args.out, args.amax);
 }
 
 void rmsnorm_backward(const RmsNormBackwardArgs& args) {
@@ -106,6 +108,7 @@ void rmsnorm_backward(const RmsNormBackwardArgs& args) {
     expect_dtype(args.grad_weight, storage_dtype<Acc>(), op, "grad_weight");
     backward<Storage>(args);
   });
+  if (!args.amax.empty()) amax_of(args.grad_input.reshaped(args.input.shape), args.amax);
 }
 
 }  // namespace smelt::cpu

@@ -45,14 +45,6 @@ void backward(const SwigluBackwardArgs& args) {
   }
 }
 
-// The tensor's amax over its stored values, as the GPU takes it in the same pass.
-void amax_of(const TensorView& x, const TensorView& result) {
-  AmaxArgs a;
-  a.x = x;
-  a.amax = result;
-  amax(a);
-}
-
 }  // namespace
 
 void swiglu_forward(const SwigluForwardArgs& args) {

@@ -7,6 +7,7 @@
 
 #include "core/numerics.h"
 #include "cuda/cuda_common.cuh"
+#include "cuda/vector_access.cuh"
 #include "ops/op_checks.h"
 
 namespace smelt::cuda {
@@ -38,11 +39,7 @@ struct CopyRuns {
   int count;
 };
 
-// |x| as bits: for non-negative floats the unsigned order is the float order, and NaN (any payload)
-// ranks above infinity, so a running maximum of these bits keeps NaN as the amax op does.
-__device__ __forceinline__ unsigned magnitude_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
-
-// Folds `value` into amax[slot] once per group of lanes holding the same slot.
+// Folds `value` (magnitude_bits) into amax[slot] once per group of lanes holding the same slot.
 __device__ __forceinline__ void flush_amax(float* amax, int slot, unsigned value) {
   const unsigned peers = __match_any_sync(__activemask(), slot);
   const unsigned reduced = __reduce_max_sync(peers, value);

@@ -19,8 +19,6 @@ __device__ __forceinline__ void store_codes(uint8_t* p, const uint8_t (&codes)[1
   *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // ---- amax ------------------------------------------------------------------------------------
 
 // Tensorwise: amax[0] must be 0 before the launch (memset); one atomicMax per block. Vector

@@ -1,9 +1,12 @@
-// RMSNorm on the GPU: one block per row for the forward and the input gradient; the
-// weight gradient sums rows in fixed chunks (partials in the reduction scratch), so it is
-// deterministic.
+// RMSNorm on the GPU: one block per row for the forward and the input gradient, 8 elements per
+// thread through 16-byte loads and stores where the row allows it (one element per thread
+// otherwise), with the optional amax of what they store reduced in the same pass (float8
+// fusion); the weight gradient sums rows in fixed chunks (partials in the reduction scratch), so
+// it is deterministic.
 #include <algorithm>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/vector_access.cuh"
 
 namespace smelt::cuda {
 namespace {
@@ -11,50 +14,129 @@ namespace {
 constexpr int kThreads = 256;
 
 // out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps); one block per row.
-template <typename T>
-__global__ void rmsnorm_forward_rows(const T* input, const T* weight, T* out, float* rstd, int64_t dim, float eps) {
+template <typename T, bool Vectorized>
+__global__ void rmsnorm_forward_rows(const T* input, const T* weight, T* out, float* rstd, int64_t dim, float eps,
+                                     uint32_t* amax_bits) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const T* x = input + row * dim;
+  T* y = out + row * dim;
   float sum = 0;
-  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
-    const float v = load_float(x, d);
-    sum += v * v;
+  if (Vectorized) {
+    for (int64_t v = threadIdx.x; v < dim / kVector; v += blockDim.x) {
+      float a[kVector];
+      load_vector(x + v * kVector, a);
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) sum += a[i] * a[i];
+    }
+  } else {
+    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+      const float v = load_float(x, d);
+      sum += v * v;
+    }
   }
   sum = block_sum(sum, shared);
   const float inverse = 1.0f / sqrtf(sum / float(dim) + eps);
   if (threadIdx.x == 0) rstd[row] = inverse;
-  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x)
-    store_float(out + row * dim, d, load_float(x, d) * inverse * load_float(weight, d));
+  uint32_t maximum = 0;
+  if (Vectorized) {
+    for (int64_t v = threadIdx.x; v < dim / kVector; v += blockDim.x) {
+      float a[kVector], w[kVector], o[kVector];
+      load_vector(x + v * kVector, a);
+      load_vector(weight + v * kVector, w);
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) {
+        o[i] = a[i] * inverse * w[i];
+        maximum = max(maximum, magnitude_bits(stored_value(o[i], y)));
+      }
+      store_vector(y + v * kVector, o);
+    }
+  } else {
+    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+      const float o = load_float(x, d) * inverse * load_float(weight, d);
+      store_float(y, d, o);
+      maximum = max(maximum, magnitude_bits(stored_value(o, y)));
+    }
+  }
+  publish_max(amax_bits, maximum);
 }
 
 // grad_input = rstd * (w * dy - x * rstd^2 * mean(x * w * dy)), optionally added to.
-template <typename T>
+template <typename T, bool Vectorized>
 __global__ void rmsnorm_backward_rows(const T* input, const T* weight, const float* rstd, const T* grad_out,
-                                      T* grad_input, int64_t dim, bool accumulate) {
+                                      T* grad_input, int64_t dim, bool accumulate, uint32_t* amax_bits) {
   __shared__ float shared[32];
   const int64_t offset = int64_t(blockIdx.x) * dim;
+  const T *x = input + offset, *dy = grad_out + offset;
+  T* dx = grad_input + offset;
   float dot = 0;
-  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x)
-    dot += load_float(input, offset + d) * load_float(weight, d) * load_float(grad_out, offset + d);
+  if (Vectorized) {
+    for (int64_t v = threadIdx.x; v < dim / kVector; v += blockDim.x) {
+      float a[kVector], w[kVector], g[kVector];
+      load_vector(x + v * kVector, a);
+      load_vector(weight + v * kVector, w);
+      load_vector(dy + v * kVector, g);
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) dot += a[i] * w[i] * g[i];
+    }
+  } else {
+    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) dot += load_float(x, d) * load_float(weight, d) * load_float(dy, d);
+  }
   dot = block_sum(dot, shared);
   const float inverse = rstd[blockIdx.x];
   const float correction = inverse * inverse * dot / float(dim);
-  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
-    float value = inverse * (load_float(weight, d) * load_float(grad_out, offset + d) -
-                             load_float(input, offset + d) * correction);
-    if (accumulate) value += load_float(grad_input, offset + d);
-    store_float(grad_input, offset + d, value);
+  uint32_t maximum = 0;
+  if (Vectorized) {
+    for (int64_t v = threadIdx.x; v < dim / kVector; v += blockDim.x) {
+      float a[kVector], w[kVector], g[kVector], o[kVector];
+      load_vector(x + v * kVector, a);
+      load_vector(weight + v * kVector, w);
+      load_vector(dy + v * kVector, g);
+      if (accumulate) load_vector(dx + v * kVector, o);
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) {
+        float value = inverse * (w[i] * g[i] - a[i] * correction);
+        if (accumulate) value += o[i];
+        o[i] = value;
+        maximum = max(maximum, magnitude_bits(stored_value(value, dx)));
+      }
+      store_vector(dx + v * kVector, o);
+    }
+  } else {
+    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+      float value = inverse * (load_float(weight, d) * load_float(dy, d) - load_float(x, d) * correction);
+      if (accumulate) value += load_float(dx, d);
+      store_float(dx, d, value);
+      maximum = max(maximum, magnitude_bits(stored_value(value, dx)));
+    }
   }
+  publish_max(amax_bits, maximum);
 }
 
-// partials[chunk, d] = sum over the chunk's rows of dy * x * rstd (rows in order).
-template <typename T>
+// partials[chunk, d] = sum over the chunk's rows of dy * x * rstd (rows in order); a thread sums
+// one column, or 8 neighbouring ones through 16-byte loads (the same order per column).
+template <typename T, bool Vectorized>
 __global__ void rmsnorm_weight_partials(const T* input, const float* rstd, const T* grad_out, float* partials,
                                         int64_t rows, int64_t dim, int64_t rows_per_chunk) {
-  const int64_t d = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (d >= dim) return;
+  const int64_t thread = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t first = blockIdx.y * rows_per_chunk, last = min(rows, first + rows_per_chunk);
+  if (Vectorized) {
+    const int64_t d = thread * kVector;
+    if (d >= dim) return;
+    float sum[kVector] = {};
+    for (int64_t r = first; r < last; ++r) {
+      float g[kVector], a[kVector];
+      load_vector(grad_out + r * dim + d, g);
+      load_vector(input + r * dim + d, a);
+      const float inverse = rstd[r];
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) sum[i] += g[i] * a[i] * inverse;
+    }
+    store_vector(partials + blockIdx.y * dim + d, sum);
+    return;
+  }
+  const int64_t d = thread;
+  if (d >= dim) return;
   float sum = 0;
   for (int64_t r = first; r < last; ++r) sum += load_float(grad_out, r * dim + d) * load_float(input, r * dim + d) * rstd[r];
   partials[blockIdx.y * dim + d] = sum;
@@ -78,12 +160,17 @@ void rmsnorm_forward(CudaContext& context, const RmsNormForwardArgs& args) {
   expect_numel(args.out, rows * dim, op, "out");
   expect_numel(args.rstd, rows, op, "rstd");
   expect_dtype(args.rstd, DType::f32, op, "rstd");
+  uint32_t* amax_bits = amax_target(context, args.amax, op, "amax");
+  if (rows == 0) return;
+  const bool vectorized = dim % kVector == 0 && aligned16(args.input.data) && aligned16(args.weight.data) &&
+                          aligned16(args.out.data);
   dispatch_activation(args.input.dtype, op, [&](auto element) {
     using T = decltype(element);
     expect_dtype(args.weight, args.input.dtype, op, "weight");
     expect_dtype(args.out, args.input.dtype, op, "out");
-    rmsnorm_forward_rows<T><<<unsigned(rows), kThreads, 0, context.stream>>>(
-        args.input.as<T>(), args.weight.as<T>(), args.out.as<T>(), args.rstd.as<float>(), dim, args.eps);
+    auto kernel = vectorized ? rmsnorm_forward_rows<T, true> : rmsnorm_forward_rows<T, false>;
+    kernel<<<unsigned(rows), kThreads, 0, context.stream>>>(args.input.as<T>(), args.weight.as<T>(), args.out.as<T>(),
+                                                            args.rstd.as<float>(), dim, args.eps, amax_bits);
     SMELT_CUDA_LAUNCH_CHECK("rmsnorm_forward_rows");
   });
 }
@@ -109,17 +196,29 @@ void rmsnorm_backward(CudaContext& context, const RmsNormBackwardArgs& args) {
   const int64_t chunks = std::min<int64_t>({max_chunks, 128, rows});
   const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
   const int64_t used_chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+  uint32_t* amax_bits = amax_target(context, args.amax, op, "amax");
+  if (rows == 0) {  // no rows: a zero weight gradient
+    SMELT_CUDA_CHECK(cudaMemsetAsync(args.grad_weight.data, 0, size_t(dim) * sizeof(float), context.stream));
+    return;
+  }
+  const bool vectorized = dim % kVector == 0 && aligned16(args.input.data) && aligned16(args.weight.data) &&
+                          aligned16(args.grad_out.data) && aligned16(args.grad_input.data);
   dispatch_activation(args.input.dtype, op, [&](auto element) {
     using T = decltype(element);
     for (const TensorView* t : {&args.weight, &args.grad_out, &args.grad_input}) expect_dtype(*t, args.input.dtype, op, "activation");
-    rmsnorm_backward_rows<T><<<unsigned(rows), kThreads, 0, context.stream>>>(
-        args.input.as<T>(), args.weight.as<T>(), args.rstd.as<float>(), args.grad_out.as<T>(), args.grad_input.as<T>(),
-        dim, args.accumulate);
-    SMELT_CUDA_LAUNCH_CHECK("rmsnorm_backward_rows");
-    const dim3 grid(unsigned((dim + kThreads - 1) / kThreads), unsigned(used_chunks));
-    rmsnorm_weight_partials<T><<<grid, kThreads, 0, context.stream>>>(args.input.as<T>(), args.rstd.as<float>(),
-                                                                       args.grad_out.as<T>(), context.reduce_scratch(),
-                                                                       rows, dim, rows_per_chunk);
+    if (rows > 0) {
+      auto kernel = vectorized ? rmsnorm_backward_rows<T, true> : rmsnorm_backward_rows<T, false>;
+      kernel<<<unsigned(rows), kThreads, 0, context.stream>>>(args.input.as<T>(), args.weight.as<T>(),
+                                                              args.rstd.as<float>(), args.grad_out.as<T>(),
+                                                              args.grad_input.as<T>(), dim, args.accumulate, amax_bits);
+      SMELT_CUDA_LAUNCH_CHECK("rmsnorm_backward_rows");
+    }
+    const int64_t columns_per_thread = vectorized ? kVector : 1;
+    const int64_t threads = (dim + columns_per_thread - 1) / columns_per_thread;
+    const dim3 grid(unsigned((threads + kThreads - 1) / kThreads), unsigned(used_chunks));
+    auto partials = vectorized ? rmsnorm_weight_partials<T, true> : rmsnorm_weight_partials<T, false>;
+    partials<<<grid, kThreads, 0, context.stream>>>(args.input.as<T>(), args.rstd.as<float>(), args.grad_out.as<T>(),
+                                                    context.reduce_scratch(), rows, dim, rows_per_chunk);
     SMELT_CUDA_LAUNCH_CHECK("rmsnorm_weight_partials");
     sum_partial_columns<<<unsigned((dim + kThreads - 1) / kThreads), kThreads, 0, context.stream>>>(
         context.reduce_scratch(), args.grad_weight.as<float>(), used_chunks, dim);

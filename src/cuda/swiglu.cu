@@ -18,12 +18,6 @@ __device__ __forceinline__ void swiglu_grad(float g, float u, float dy, float& g
   grad_gate = dy * u * sig * (1.0f + g * (1.0f - sig));
 }
 
-// Adds each block's maximum into *bits (skipped when null; every thread of the block calls it).
-__device__ __forceinline__ void publish_max(uint32_t* bits, uint32_t maximum) {
-  if (!bits) return;
-  maximum = block_max_bits(maximum);
-  if (threadIdx.x == 0) atomicMax(bits, maximum);
-}
 
 template <typename T, bool Vectorized>
 __global__ void swiglu_forward_kernel(const T* gate, const T* up, T* out, int64_t count, uint32_t* amax_bits) {
@@ -83,18 +77,6 @@ __global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* grad
   }
   publish_max(gate_bits, gate_maximum);
   publish_max(up_bits, up_maximum);
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// The amax output as bits to atomicMax into, zeroed on the stream first; null when not asked for.
-uint32_t* amax_target(CudaContext& context, const TensorView& amax, const char* op, const char* name) {
-  if (amax.empty()) return nullptr;
-  expect_device(amax, op, name);
-  expect_dtype(amax, DType::f32, op, name);
-  expect_numel(amax, 1, op, name);
-  SMELT_CUDA_CHECK(cudaMemsetAsync(amax.data, 0, sizeof(float), context.stream));
-  return amax.as<uint32_t>();
 }
 
 }  // namespace

@@ -28,6 +28,25 @@ __device__ __forceinline__ uint32_t block_max_bits(uint32_t value) {
   return value;
 }
 
+// Adds each block's maximum into *bits (skipped when null; every thread of the block calls it).
+__device__ __forceinline__ void publish_max(uint32_t* bits, uint32_t maximum) {
+  if (!bits) return;
+  maximum = block_max_bits(maximum);
+  if (threadIdx.x == 0) atomicMax(bits, maximum);
+}
+
+// The amax output as bits to atomicMax into, zeroed on the stream first; null when not asked for.
+inline uint32_t* amax_target(CudaContext& context, const TensorView& amax, const char* op, const char* name) {
+  if (amax.empty()) return nullptr;
+  expect_device(amax, op, name);
+  expect_dtype(amax, DType::f32, op, name);
+  expect_numel(amax, 1, op, name);
+  SMELT_CUDA_CHECK(cudaMemsetAsync(amax.data, 0, sizeof(float), context.stream));
+  return amax.as<uint32_t>();
+}
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // ---- 16-byte loads and stores -----------------------------------------------------------------
 
 constexpr int kVector = 8;  // elements per vector load: one 16-byte load of bf16, two of f32

@@ -95,7 +95,7 @@ void run_forward_op(ForwardOp op, const LayerViews& v, const ModelContext& c) {
   switch (op) {
     case ForwardOp::attn_norm:
       b.rmsnorm_forward({act(v, A::layer_input), weight(v, W::attn_norm), act(v, A::attn_norm_out),
-                         act(v, A::attn_rstd), static_cast<float>(m.norm_eps)});
+                         act(v, A::attn_rstd), static_cast<float>(m.norm_eps), v.attn_norm_amax});
       return;
     case ForwardOp::q_proj:
       linear(v, c, W::wq, act(v, A::attn_norm_out), act(v, A::query));
@@ -122,7 +122,7 @@ void run_forward_op(ForwardOp op, const LayerViews& v, const ModelContext& c) {
       return;
     case ForwardOp::ffn_norm:
       b.rmsnorm_forward({act(v, A::attn_residual), weight(v, W::ffn_norm), act(v, A::ffn_norm_out),
-                         act(v, A::ffn_rstd), static_cast<float>(m.norm_eps)});
+                         act(v, A::ffn_rstd), static_cast<float>(m.norm_eps), v.ffn_norm_amax});
       return;
     case ForwardOp::gate_proj: linear(v, c, W::w1, act(v, A::ffn_norm_out), act(v, A::gate)); return;
     case ForwardOp::up_proj: linear(v, c, W::w3, act(v, A::ffn_norm_out), act(v, A::up)); return;
@@ -163,6 +163,7 @@ void run_backward_op(BackwardOp op, const LayerViews& v, const ModelContext& c) 
       r.grad_input = v.residual_gradient;
       r.accumulate = true;
       r.grad_weight = weight_grad(v, W::ffn_norm);
+      r.amax = v.ffn_norm_grad_amax;  // wo's dy
       b.rmsnorm_backward(r);
       return;
     }

@@ -32,9 +32,11 @@ struct LayerViews {
   std::array<Float8LinearState, kLayerWeightCount> float8_state;  // their weight copies and saved amax
   TensorView attention_scratch;  // backward: the attention backward's planned scratch (empty: the workspace's)
   // Float8 amax taken by their producers ([float8] fusion = "full", tensorwise; empty otherwise):
-  // SwiGLU's output (w2's x), and its gradients d gate and d up (w1's and w3's dy). The linears'
-  // float8_state points at the same floats.
+  // SwiGLU's output (w2's x), and its gradients d gate and d up (w1's and w3's dy); the norms'
+  // outputs (wq's, wk's and wv's x; w1's and w3's x); the residual gradient after the FFN norm's
+  // backward (wo's dy). The linears' float8_state points at the same floats.
   TensorView swiglu_amax, gate_grad_amax, up_grad_amax;
+  TensorView attn_norm_amax, ffn_norm_amax, ffn_norm_grad_amax;
 };
 
 void run_forward_op(ForwardOp op, const LayerViews& views, const ModelContext& context);

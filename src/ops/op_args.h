@@ -54,6 +54,7 @@ struct RmsNormForwardArgs {
   TensorView out;     // (N, D)
   TensorView rstd;    // (N) f32: 1 / sqrt(mean(x^2) + eps)
   float eps = 1e-5f;
+  TensorView amax;    // optional (1) f32: the amax of `out` as stored (float8 fusion; NaN if any is NaN)
 };
 
 struct RmsNormBackwardArgs {
@@ -64,6 +65,7 @@ struct RmsNormBackwardArgs {
   TensorView grad_input;   // (N, D): written, or added to when accumulate
   bool accumulate = false;
   TensorView grad_weight;  // (D) f32, overwritten
+  TensorView amax;         // optional (1) f32: the amax of grad_input as stored (after the add)
 };
 
 // Rotary embedding on (N, heads, Dh) in place, pairs (2i, 2i+1) rotated by

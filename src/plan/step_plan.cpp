@@ -163,8 +163,10 @@ void add_float8_buffers(PlanBuilder& b, StepPlan& plan, int64_t tokens) {
                                               : "float8 scratch, recompute and backward (x, dy, dy^T, x^T in e4m3/e5m2)",
                                           DType::e4m3, scratch_bytes, BufferClass::workspace);
   if (float8_fused_amax(plan.options.float8))
-    plan.float8_producer_amax = b.buffer("float8 amax taken by producers (SwiGLU out, d gate, d up per block)",
-                                         DType::f32, Shape{plan.model.n_layers * 3}, BufferClass::workspace, true);
+    plan.float8_producer_amax = b.buffer("float8 amax taken by producers (SwiGLU out, d gate, d up, the norms' "
+                                         "outputs, wo's dy per block)",
+                                         DType::f32, Shape{plan.model.n_layers * kProducerAmaxPerBlock},
+                                         BufferClass::workspace, true);
   plan.float8_statistics = b.buffer("float8 scratch amax and scales", DType::f32,
                                     Shape{float8_scratch_statistic_floats(plan.float8_sizes)}, BufferClass::workspace,
                                     true);

@@ -123,6 +123,9 @@ struct LayerBuffers {
   int attention_scratch = -1;  // the backward attention step's scratch (-1: the workspace holds it)
 };
 
+// Floats per block of StepPlan::float8_producer_amax.
+inline constexpr int64_t kProducerAmaxPerBlock = 6;
+
 struct StepPlan {
   ModelConfig model;
   PlanOptions options;
@@ -171,7 +174,9 @@ struct StepPlan {
   // scales (float8_statistics) are shared and persistent.
   int float8_scratch = -1, float8_scratch_backward = -1, float8_statistics = -1;
   int float8_weights = -1, float8_weight_scales = -1, float8_input_amax = -1;
-  // Float8 amax taken by producers (float8_fused_amax): per block, SwiGLU's output, d gate, d up.
+  // Float8 amax taken by producers (float8_fused_amax): per block (kProducerAmaxPerBlock floats),
+  // SwiGLU's output, d gate, d up, the attention norm's and the FFN norm's outputs, and the residual
+  // gradient after the FFN norm's backward (wo's dy).
   int float8_producer_amax = -1;
   // Float8 weights' amax taken by AdamW (optimizer_takes_float8_weight_amax): layer * 7 + weight.
   int float8_weight_amax = -1;

@@ -128,20 +128,35 @@ LayerViews Executor::layer_views(const Step& step) const {
         if (lb.float8_saved[a] >= 0) v.activation[a] = TensorView();
   }
   if (plan_.float8_producer_amax >= 0) {
-    // SwiGLU takes the amax of its output for w2's cast, and of its gradients for w1's and w3's.
+    // SwiGLU takes the amax of its output for w2's cast, and of its gradients for w1's and w3's;
+    // the norms take the amax of their outputs for the QKV and FFN inputs' casts, and the FFN
+    // norm's backward that of the residual gradient it leaves, wo's dy.
     const TensorView all = view(plan_.float8_producer_amax);
     auto slot = [&](int index) {
-      return TensorView(all.as<float>() + step.layer * 3 + index, DType::f32, Shape{1}, all.device);
+      return TensorView(all.as<float>() + step.layer * kProducerAmaxPerBlock + index, DType::f32, Shape{1},
+                        all.device);
     };
     const auto at = [](LayerWeight w) { return static_cast<int>(w); };
-    if (lb.float8[at(LayerWeight::w2)]) {
-      v.swiglu_amax = slot(0);
-      v.float8_state[at(LayerWeight::w2)].input_amax = v.swiglu_amax;
-      v.float8_state[at(LayerWeight::w2)].input_amax_ready = true;
-    }
+    // x's amax from its producer, for every float8 linear reading x (the same float, so a linear
+    // that takes x from the one before it needs no copy of the amax).
+    auto input_from = [&](TensorView amax, std::initializer_list<LayerWeight> readers) {
+      bool any = false;
+      for (LayerWeight w : readers) {
+        if (!lb.float8[at(w)]) continue;
+        v.float8_state[at(w)].input_amax = amax;
+        v.float8_state[at(w)].input_amax_ready = true;
+        any = true;
+      }
+      return any ? amax : TensorView();
+    };
+    v.swiglu_amax = input_from(slot(0), {LayerWeight::w2});
+    v.attn_norm_amax = input_from(slot(3), {LayerWeight::wq, LayerWeight::wk, LayerWeight::wv});
+    v.ffn_norm_amax = input_from(slot(4), {LayerWeight::w1, LayerWeight::w3});
     if (step.kind == StepKind::layer_backward) {
       if (lb.float8[at(LayerWeight::w1)]) v.gate_grad_amax = v.float8_state[at(LayerWeight::w1)].grad_amax = slot(1);
       if (lb.float8[at(LayerWeight::w3)]) v.up_grad_amax = v.float8_state[at(LayerWeight::w3)].grad_amax = slot(2);
+      if (lb.float8[at(LayerWeight::wo)])
+        v.ffn_norm_grad_amax = v.float8_state[at(LayerWeight::wo)].grad_amax = slot(5);
     }
   }
   for (int w = 0; w < kLayerWeightCount; ++w) {

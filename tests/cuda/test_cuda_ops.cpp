@@ -58,10 +58,15 @@ TEST_F(CudaOps, EmbeddingForwardAndBackwardMatchCpu) {
   }
 }
 
+// Both the 16-byte vector path (dim 320) and the element-wise one (dim 99: not a multiple of 8).
+// The amax each pass takes of what it stores (float8 fusion "full") equals, bit for bit, a
+// standalone amax pass over its output.
 TEST_F(CudaOps, RmsNormForwardAndBackwardMatchCpu) {
-  const int64_t rows = 257, dim = 320;
+  const int64_t rows = 257;
+  for (int64_t dim : {int64_t(320), int64_t(99)})
   for (DType dtype : kActivationTypes)
     for (bool accumulate : {false, true}) {
+      SCOPED_TRACE("dim " + std::to_string(dim));
       HostTensor x = random_tensor(dtype, Shape{rows, dim}, 10), weight = random_tensor(dtype, Shape{dim}, 11);
       HostTensor grad_out = random_tensor(dtype, Shape{rows, dim}, 12), prior = random_tensor(dtype, Shape{rows, dim}, 13);
       HostTensor out = nan_tensor(dtype, Shape{rows, dim}), rstd = nan_tensor(DType::f32, Shape{rows});
@@ -74,9 +79,22 @@ TEST_F(CudaOps, RmsNormForwardAndBackwardMatchCpu) {
       TensorView d_out = poisoned(dtype, Shape{rows, dim}), d_rstd = poisoned(DType::f32, Shape{rows});
       TensorView d_grad_input = accumulate ? upload(prior) : poisoned(dtype, Shape{rows, dim});
       TensorView d_grad_weight = poisoned(DType::f32, Shape{dim});
-      cuda_->rmsnorm_forward({dx, dweight, d_out, d_rstd, 1e-5f});
-      cuda_->rmsnorm_backward({dx, dweight, d_rstd, upload(grad_out), d_grad_input, accumulate, d_grad_weight});
+      TensorView out_amax = poisoned(DType::f32, Shape{1}), grad_amax = poisoned(DType::f32, Shape{1});
+      cuda_->rmsnorm_forward({dx, dweight, d_out, d_rstd, 1e-5f, out_amax});
+      RmsNormBackwardArgs backward{dx, dweight, d_rstd, upload(grad_out), d_grad_input, accumulate, d_grad_weight};
+      backward.amax = grad_amax;
+      cuda_->rmsnorm_backward(backward);
       const std::string name = "rmsnorm " + std::string(dtype_name(dtype)) + (accumulate ? " accumulate" : "");
+      for (const auto& [fused, tensor] : {std::pair{out_amax, d_out}, std::pair{grad_amax, d_grad_input}}) {
+        TensorView standalone = poisoned(DType::f32, Shape{1});
+        AmaxArgs a;
+        a.x = tensor;
+        a.amax = standalone;
+        cuda_->amax(a);
+        const HostTensor want = download(standalone);
+        EXPECT_GT(want.get(0), 0.0);
+        expect_bits_equal(want, download(fused), name + " fused amax");
+      }
       expect_close(out, download(d_out), elementwise_tolerance(dtype), name + " out");
       expect_close(rstd, download(d_rstd), 1e-5, name + " rstd");
       expect_close(grad_input, download(d_grad_input), elementwise_tolerance(dtype) * 2, name + " grad_input");
