@@ -1,16 +1,29 @@
 // Softmax cross-entropy on the GPU, forward and backward at once: one block per row,
 // an online max/sum pass, then the loss and (optionally) the gradient written in place.
-// Logits f32, or bf16 (a bf16 GEMM's output, as autocast gives PyTorch), the math in f32.
+// Logits f32, or bf16 (a bf16 GEMM's output, as autocast gives PyTorch), the math in f32. Rows
+// whose length is a multiple of 8 (16-byte aligned) move 8 logits per thread through 16-byte
+// loads and stores; others one at a time.
 #include "cuda/cuda_common.cuh"
+#include "cuda/vector_access.cuh"
 
 namespace smelt::cuda {
 namespace {
 
 constexpr int kThreads = 512;
 
+// Folds logit v into a thread's online softmax statistics (running maximum, sum of exp(x - max)).
+__device__ __forceinline__ void online_softmax(float v, float& maximum, float& total) {
+  if (v > maximum) {
+    total = total * expf(maximum - v) + 1.0f;
+    maximum = v;
+  } else {
+    total += expf(v - maximum);
+  }
+}
+
 // logits (rows, V) in L; gradient (rows, V) in G (may alias logits when G is L: each thread reads
 // an element before it writes the same element).
-template <typename L, typename G>
+template <typename L, typename G, bool Vectorized>
 __global__ void cross_entropy_rows(const L* logits, const int32_t* targets, float* losses, G* gradient,
                                    int64_t vocabulary, float grad_scale) {
   __shared__ float shared[32];
@@ -27,14 +40,15 @@ __global__ void cross_entropy_rows(const L* logits, const int32_t* targets, floa
   }
   // Online softmax statistics per thread, then merged across the block.
   float maximum = -INFINITY, total = 0.0f;
-  for (int64_t c = threadIdx.x; c < vocabulary; c += blockDim.x) {
-    const float v = load_float(x, c);
-    if (v > maximum) {
-      total = total * expf(maximum - v) + 1.0f;
-      maximum = v;
-    } else {
-      total += expf(v - maximum);
+  if (Vectorized) {
+    for (int64_t v = threadIdx.x; v < vocabulary / kVector; v += blockDim.x) {
+      float a[kVector];
+      load_vector(x + v * kVector, a);
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) online_softmax(a[i], maximum, total);
     }
+  } else {
+    for (int64_t c = threadIdx.x; c < vocabulary; c += blockDim.x) online_softmax(load_float(x, c), maximum, total);
   }
   const float row_maximum = block_max(maximum, shared);
   total = maximum == -INFINITY ? 0.0f : total * expf(maximum - row_maximum);
@@ -44,9 +58,21 @@ __global__ void cross_entropy_rows(const L* logits, const int32_t* targets, floa
   __syncthreads();  // every thread has read x[target] before any gradient write may overwrite it
   if (threadIdx.x == 0) losses[row] = lse - target_logit;
   if (!gradient) return;
-  for (int64_t c = threadIdx.x; c < vocabulary; c += blockDim.x) {
-    const float probability = expf(load_float(x, c) - lse);
-    store_float(gradient + row * vocabulary, c, (probability - (c == target ? 1.0f : 0.0f)) * grad_scale);
+  G* grad = gradient + row * vocabulary;
+  if (Vectorized) {
+    for (int64_t v = threadIdx.x; v < vocabulary / kVector; v += blockDim.x) {
+      float a[kVector];
+      load_vector(x + v * kVector, a);
+#pragma unroll
+      for (int i = 0; i < kVector; ++i)
+        a[i] = (expf(a[i] - lse) - (v * kVector + i == target ? 1.0f : 0.0f)) * grad_scale;
+      store_vector(grad + v * kVector, a);
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < vocabulary; c += blockDim.x) {
+      const float probability = expf(load_float(x, c) - lse);
+      store_float(grad, c, (probability - (c == target ? 1.0f : 0.0f)) * grad_scale);
+    }
   }
 }
 
@@ -73,9 +99,11 @@ void cross_entropy(CudaContext& context, const CrossEntropyArgs& args) {
   const auto launch = [&](auto logit, auto gradient_element, void* gradient) {
     using L = decltype(logit);
     using G = decltype(gradient_element);
-    cross_entropy_rows<L, G><<<unsigned(rows), kThreads, 0, context.stream>>>(
-        args.logits.as<L>(), args.targets.as<int32_t>(), args.losses.as<float>(), static_cast<G*>(gradient),
-        vocabulary, args.grad_scale);
+    const bool vectorized = vocabulary % kVector == 0 && aligned16(args.logits.data) && aligned16(gradient);
+    auto kernel = vectorized ? cross_entropy_rows<L, G, true> : cross_entropy_rows<L, G, false>;
+    kernel<<<unsigned(rows), kThreads, 0, context.stream>>>(args.logits.as<L>(), args.targets.as<int32_t>(),
+                                                            args.losses.as<float>(), static_cast<G*>(gradient),
+                                                            vocabulary, args.grad_scale);
     SMELT_CUDA_LAUNCH_CHECK("cross_entropy_rows");
   };
   if (args.logits.dtype == DType::bf16) return launch(__nv_bfloat16{}, __nv_bfloat16{}, args.grad_logits.data);

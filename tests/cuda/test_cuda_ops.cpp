@@ -102,8 +102,11 @@ TEST_F(CudaOps, RmsNormForwardAndBackwardMatchCpu) {
     }
 }
 
+// Head dimension 32 takes the 16-byte path (pairs in fours), 12 the pair-by-pair one.
 TEST_F(CudaOps, RopeForwardAndInverseMatchCpu) {
-  const int64_t seq_len = 24, batch = 3, heads = 4, head_dim = 32;
+  const int64_t seq_len = 24, batch = 3, heads = 4;
+  for (int64_t head_dim : {int64_t(32), int64_t(12)}) {
+  SCOPED_TRACE("head_dim " + std::to_string(head_dim));
   HostTensor frequencies(DType::f32, Shape{seq_len, head_dim / 2, 2});
   for (int64_t t = 0; t < seq_len; ++t)
     for (int64_t i = 0; i < head_dim / 2; ++i) {
@@ -121,6 +124,7 @@ TEST_F(CudaOps, RopeForwardAndInverseMatchCpu) {
       expect_close(x, download(device_x), elementwise_tolerance(dtype),
                    "rope " + std::string(dtype_name(dtype)) + (inverse ? " inverse" : ""));
     }
+  }
 }
 
 // Both the 16-byte vector path (129 x 200) and the element-wise one (7 x 13: not a multiple of 8).
@@ -164,8 +168,10 @@ TEST_F(CudaOps, SwigluForwardAndBackwardMatchCpu) {
 
 // Logits f32 (gradient f32 or bf16) or bf16 (the output head's bf16 GEMM; gradient bf16), the
 // gradient separate or written over the logits.
+// Vocabulary 1000 takes the 16-byte vector path, 999 the element-wise one.
 TEST_F(CudaOps, CrossEntropyMatchesCpuWithIgnoredRowsAndAliasing) {
-  const int64_t rows = 33, vocabulary = 1000;
+  const int64_t rows = 33;
+  for (int64_t vocabulary : {int64_t(1000), int64_t(999)})
   for (DType logit_type : kActivationTypes)
     for (DType gradient_type : kActivationTypes)
       for (bool alias : {false, true}) {
@@ -182,7 +188,8 @@ TEST_F(CudaOps, CrossEntropyMatchesCpuWithIgnoredRowsAndAliasing) {
         TensorView d_losses = poisoned(DType::f32, Shape{rows});
         TensorView d_grad = alias ? d_logits : poisoned(gradient_type, Shape{rows, vocabulary});
         cuda_->cross_entropy({d_logits, upload(targets), d_losses, d_grad, 0.03f});
-        const std::string name = "cross_entropy logits " + std::string(dtype_name(logit_type)) + " grad " +
+        const std::string name = "cross_entropy V" + std::to_string(vocabulary) + " logits " +
+                                 std::string(dtype_name(logit_type)) + " grad " +
                                  std::string(dtype_name(gradient_type)) + (alias ? " aliased" : "");
         expect_close(losses, download(d_losses), 1e-5, name + " losses");
         expect_close(alias ? cpu_logits : grad, download(d_grad), elementwise_tolerance(gradient_type), name + " grad");
