@@ -43,7 +43,7 @@ struct TrainingSection {
   std::string mixed_precision_param = "float32";  // activation / compute-weight dtype: float32 or bfloat16
   int64_t loss_chunk_tokens = 2048;      // rows of the output projection computed at once
   bool cuda_graph = true;                // CUDA: capture the step once and replay it
-  bool gemm_autotune = true;             // CUDA: time cuBLASLt's candidates per GEMM shape, keep the fastest
+  bool gemm_autotune = false;            // CUDA: time cuBLASLt's candidates per GEMM shape, keep the fastest
   std::string on_nonfinite = "skip";     // non-finite loss or gradient norm: "skip" the update or "stop"
   int64_t loss_spike_window = 0;         // losses a spike is judged against; 0 disables spike detection
   double loss_spike_zscore = 6.0;        // a loss this many standard deviations above the window's mean spikes

@@ -175,7 +175,8 @@ std::vector<ConfigField> config_schema() {
            "CUDA: capture the forward and backward once as a CUDA graph and replay it every step"),
       bind("training", "gemm_autotune", &C::training, &TrainingSection::gemm_autotune,
            "CUDA: on a GEMM shape's first call, time cuBLASLt's candidate algorithms (up to 8) and keep the "
-           "fastest; off takes the heuristic's first choice"),
+           "fastest; off takes the heuristic's first choice. The choice can differ between processes, so a "
+           "resumed run matches the uninterrupted one to rounding, not bit for bit"),
       bind("training", "on_nonfinite", &C::training, &TrainingSection::on_nonfinite,
            "non-finite loss or gradient norm: skip the update, or stop the run", one_of({"skip", "stop"})),
       bind("training", "loss_spike_window", &C::training, &TrainingSection::loss_spike_window,

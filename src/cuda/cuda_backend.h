@@ -42,8 +42,9 @@ struct CudaBackendOptions {
   int device = 0;
   CudaAttention attention = CudaAttention::automatic;
   // Time cuBLASLt's candidate algorithms for each GEMM shape on its first call (outside graph
-  // capture, when the call overwrites its output) and keep the fastest; off: the heuristic's first.
-  bool gemm_autotune = true;
+  // capture, when the call overwrites its output) and keep the fastest; off: the heuristic's first
+  // (the same in every process, which exact resume relies on).
+  bool gemm_autotune = false;
 };
 
 struct CudaBackendState;  // stream, library handles, caches (cuda_backend.cu)

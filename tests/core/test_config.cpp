@@ -158,6 +158,9 @@ TEST(Config, OverridesOfEveryType) {
   apply_override(config, "model.ffn_dim_multiplier=1.5");
   apply_override(config, "model.rope_scaling=false");
   apply_override(config, "lr_scheduler.decay_ratio=-1");
+  EXPECT_FALSE(config.training.gemm_autotune) << "off by default: exact resume needs the same GEMM kernels";
+  apply_override(config, "training.gemm_autotune=true");
+  EXPECT_TRUE(config.training.gemm_autotune);
   EXPECT_EQ(config.training.steps, 17);
   EXPECT_DOUBLE_EQ(config.optimizer.lr, 1e-4);
   EXPECT_TRUE(config.checkpoint.enable);

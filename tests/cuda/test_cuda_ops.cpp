@@ -40,6 +40,52 @@ TEST_F(CudaOps, GemmMatchesCpuForEveryLayoutAndDtype) {
         }
 }
 
+// GEMM autotuning (CudaBackendOptions::gemm_autotune): the tuned kernels match the CPU (a plain
+// call, then an accumulating one of the same shape), and two backends of one process pick the same
+// kernels, so their outputs agree bit for bit. The shapes are this test's own.
+TEST_F(CudaOps, GemmAutotuneMatchesCpuAndBackendsOfOneProcessAgree) {
+  CudaBackendOptions options;
+  options.gemm_autotune = true;
+  WorkspaceShape shape;
+  shape.tokens = 1024;
+  shape.max_rows = shape.max_inner = shape.max_cols = 1024;
+  shape.compute_dtype = DType::bf16;
+  struct Tuned {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Arena> arena;
+  };
+  auto make = [&] {
+    Tuned t{make_cuda_backend(options), nullptr};
+    const size_t bytes = t.backend->workspace_bytes(shape);
+    t.arena = std::make_unique<Arena>(t.backend->memory(), bytes);
+    t.backend->set_workspace(t.arena->view(0, DType::f32, Shape{int64_t(bytes / 4)}));
+    return t;
+  };
+  Tuned first = make(), second = make();
+  const int64_t M = 1000, K = 520, N = 776;
+  HostTensor a = random_tensor(DType::bf16, Shape{M, K}, 500), b = random_tensor(DType::bf16, Shape{N, K}, 501);
+  HostTensor want = nan_tensor(DType::f32, Shape{M, N});
+  cpu_->gemm(gemm_args(a.view, false, b.view, true, want.view));
+  TensorView d_a = upload(a), d_b = upload(b);
+  std::vector<HostTensor> outputs;
+  for (Tuned* tuned : {&first, &second}) {
+    TensorView out = poisoned(DType::f32, Shape{M, N});
+    cuda_->synchronize();  // the fixture's stream filled it; the tuned backend runs on its own
+    tuned->backend->gemm(gemm_args(d_a, false, d_b, true, out));
+    tuned->backend->synchronize();
+    expect_close(want, download(out), tolerance_for(DType::bf16), "autotuned gemm");
+    outputs.push_back(download(out));
+    GemmArgs again = gemm_args(d_a, false, d_b, true, out);
+    again.accumulate = true;  // out += a b^T with the shape's tuned kernel
+    tuned->backend->gemm(again);
+    tuned->backend->synchronize();
+    HostTensor twice = want;
+    for (int64_t i = 0; i < twice.numel(); ++i) twice.set(i, 2 * want.get(i));
+    expect_close(twice, download(out), tolerance_for(DType::bf16), "autotuned accumulating gemm");
+  }
+  expect_bits_equal(outputs[0], outputs[1], "two autotuning backends of one process");
+}
+
 TEST_F(CudaOps, EmbeddingForwardAndBackwardMatchCpu) {
   const int64_t count = 300, vocabulary = 97, dim = 64;
   for (DType dtype : kActivationTypes) {
