@@ -2,13 +2,15 @@
 // bias correction), after gradient clipping as torch.nn.utils.clip_grad_norm_.
 // The gradients are only read: the clip factor scales each one in registers, and the buffer keeps
 // the unclipped values (nothing reads gradients after the optimizer, and not writing them back
-// saves a pass over them on the GPU). The optional bf16 compute copy is written for every element or for the runs that have one.
+// saves a pass over them on the GPU). The optional bf16 compute copy is written for every element
+// or for the runs that have one.
 #include <algorithm>
 #include <cmath>
 
 #include "core/numerics.h"
 #include <string>
 
+#include "cpu/fp8.h"
 #include "cpu/kernels.h"
 #include "cpu/storage.h"
 #include "ops/op_checks.h"
@@ -88,12 +90,12 @@ void adamw(const AdamwArgs& args) {
   if (args.copy_ranges.empty()) return run(0, count, copy);
   for (const ComputeCopyRange& range : args.copy_ranges) {
     run(range.begin, range.count, range.copied() ? copy + range.copy_offset : nullptr);
-    if (range.amax_slot >= 0) {  // the updated parameters' largest magnitude, as the amax op folds it
+    if (range.amax_slot >= 0) {  // the updated parameters' largest magnitude, folded into the slot
+      float run_amax = 0;
+      amax_of(args.params.reshaped(Shape{count, 1}).row_slice(range.begin, range.count),
+              TensorView(&run_amax, DType::f32, Shape{1}));
       float& slot = args.weight_amax.as<float>()[range.amax_slot];
-      for (int64_t i = range.begin; i < range.begin + range.count; ++i) {
-        const float magnitude = std::fabs(dtype == DType::f64 ? float(args.params.as<double>()[i]) : args.params.as<float>()[i]);
-        if (std::isnan(magnitude) || magnitude > slot) slot = magnitude;  // NaN sticks
-      }
+      if (std::isnan(run_amax) || run_amax > slot) slot = run_amax;  // NaN sticks, as in the amax op
     }
   }
 }

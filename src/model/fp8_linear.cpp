@@ -266,33 +266,22 @@ void quantize_weight(Backend& backend, Float8Recipe recipe, const TensorView& we
   }
   const bool rowwise = cast.scaling == OperandScaling::rowwise;
   const bool both = !copy.transposed.values.empty();
-  if (!ready_amax.empty()) {  // tensorwise, amax taken already: the cast alone
-    SMELT_CHECK(cast.scaling == OperandScaling::tensorwise && ready_amax.numel() == 1,
-                "quantize_weight: a ready amax " + ready_amax.str() + " is for tensorwise weights only");
-    QuantizeArgs q;
-    q.src = weight;
-    q.dst = copy.rows.values;
-    q.scale = copy.rows.scale;
-    q.amax = ready_amax;
-    q.round_scale_to_power_of_two = cast.round_scale_to_power_of_two;
-    if (both) {
-      q.dst_transposed = copy.transposed.values;
-      q.amax_transposed = ready_amax;
-      q.scale_transposed = copy.transposed.scale;
-    }
-    backend.quantize(q);
-    return;
-  }
-  SMELT_CHECK(amax.numel() >= (rowwise ? out : 1) && amax_transposed.numel() >= (rowwise && both ? in : 1),
+  const bool ready = !ready_amax.empty();  // tensorwise, amax taken already: the cast alone
+  SMELT_CHECK(!ready || (cast.scaling == OperandScaling::tensorwise && ready_amax.numel() == 1),
+              "quantize_weight: a ready amax " + ready_amax.str() + " is for tensorwise weights only");
+  SMELT_CHECK(ready || (amax.numel() >= (rowwise ? out : 1) && amax_transposed.numel() >= (rowwise && both ? in : 1)),
               "quantize_weight: amax scratch too small for " + weight.str());
-  const TensorView row_amax(amax.data, DType::f32, Shape{rowwise ? out : 1}, amax.device);
+  const TensorView row_amax =
+      ready ? ready_amax : TensorView(amax.data, DType::f32, Shape{rowwise ? out : 1}, amax.device);
   const TensorView column_amax(amax_transposed.data, DType::f32, Shape{rowwise ? in : 1}, amax_transposed.device);
-  AmaxArgs a;
-  a.x = weight;
-  a.amax = row_amax;
-  a.rowwise = rowwise;
-  if (rowwise && both) a.column_amax = column_amax;  // tensorwise: both layouts share the tensor's amax
-  backend.amax(a);
+  if (!ready) {
+    AmaxArgs a;
+    a.x = weight;
+    a.amax = row_amax;
+    a.rowwise = rowwise;
+    if (rowwise && both) a.column_amax = column_amax;  // tensorwise: both layouts share the tensor's amax
+    backend.amax(a);
+  }
   QuantizeArgs q;
   q.src = weight;
   q.dst = copy.rows.values;

@@ -69,14 +69,23 @@ int64_t StepPlan::compute_copy_offset(const ParameterInfo& info) const {
   return run->copied() ? run->copy_offset + (info.offset - run->begin) : -1;
 }
 
-bool optimizer_takes_float8_weight_amax(const PlanOptions& options) {
+namespace {
+
+// Unsharded plans with a compute dtype other than the master's: their compute copy is packed
+// from runs (compute_copy_ranges).
+bool packed_compute_copy(const PlanOptions& options) {
   const bool sharded = options.shard_degree > 1 || options.shard_single_rank;
-  return !sharded && options.compute_dtype != master_dtype(options.compute_dtype) && float8_fused_amax(options.float8);
+  return !sharded && options.compute_dtype != master_dtype(options.compute_dtype);
+}
+
+}  // namespace
+
+bool optimizer_takes_float8_weight_amax(const PlanOptions& options) {
+  return packed_compute_copy(options) && float8_fused_amax(options.float8);
 }
 
 std::vector<ComputeCopyRange> compute_copy_ranges(const ModelConfig& model, const PlanOptions& options) {
-  const bool sharded = options.shard_degree > 1 || options.shard_single_rank;
-  if (sharded || options.compute_dtype == master_dtype(options.compute_dtype)) return {};
+  if (!packed_compute_copy(options)) return {};
   const ParameterLayout layout(model);
   const auto& parameters = layout.parameters();
   const bool float8 = options.float8.recipe != Float8Recipe::none;
@@ -94,7 +103,7 @@ std::vector<ComputeCopyRange> compute_copy_ranges(const ModelConfig& model, cons
     int32_t slot = -1;
     if (index != 0 && block_index < model.n_layers * kLayerWeightCount) {
       keep = copied(block_index / kLayerWeightCount, static_cast<LayerWeight>(block_index % kLayerWeightCount));
-      if (amax_slots && !keep && float8) slot = static_cast<int32_t>(block_index);  // layer * 7 + weight
+      if (amax_slots && !keep) slot = static_cast<int32_t>(block_index);  // a float8 linear: layer * 7 + weight
     }
     const int64_t begin = parameters[index].offset;
     const int64_t end = index + 1 < parameters.size() ? parameters[index + 1].offset : layout.total();

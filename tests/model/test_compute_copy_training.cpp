@@ -15,6 +15,7 @@ namespace {
 
 using testing::TinyRun;
 using testing::tiny_model;
+using testing::Trajectory;
 
 // The plan as it was before the copy shrank: compute_weights a bf16 copy of every parameter (the
 // embedding gathered from it, AdamW writing all of it), the arena packed again.
@@ -55,11 +56,6 @@ void expect_copy_is_the_rounded_master(TinyRun& run, const std::string& when) {
   EXPECT_EQ(checked > 0, true) << when;
 }
 
-struct Trajectory {
-  std::vector<double> losses, norms;
-  std::vector<float> parameters, exp_avg, exp_avg_sq;
-};
-
 Trajectory train(Float8Recipe recipe, bool widened) {
   TinyRun run(tiny_model(2), DType::bf16, "selective-op", 2, 8);
   if (recipe != Float8Recipe::none) use_float8(run, recipe);
@@ -70,22 +66,8 @@ Trajectory train(Float8Recipe recipe, bool widened) {
   optimizer.lr = 2e-2f;
   optimizer.weight_decay = 0.1f;
   optimizer.max_norm = 0.5f;  // clipping active: the norms below are larger
-  Trajectory t;
-  for (int step = 1; step <= 6; ++step) {
-    run.load_random_batch(uint64_t(100 + step));
-    optimizer.step = step;
-    run.executor->run(optimizer);
-    t.losses.push_back(run.executor->loss());
-    t.norms.push_back(run.executor->gradient_norm());
-  }
+  Trajectory t = testing::train_steps(run, optimizer, 6, 100);
   if (!widened) expect_copy_is_the_rounded_master(run, "after six steps");
-  const size_t total = size_t(run.executor->layout().total());
-  t.parameters.resize(total);
-  t.exp_avg.resize(total);
-  t.exp_avg_sq.resize(total);
-  run.executor->read_parameters(t.parameters.data());
-  std::memcpy(t.exp_avg.data(), run.executor->view(run.plan.exp_avg).data, total * sizeof(float));
-  std::memcpy(t.exp_avg_sq.data(), run.executor->view(run.plan.exp_avg_sq).data, total * sizeof(float));
   return t;
 }
 
