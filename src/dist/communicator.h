@@ -36,8 +36,10 @@ class Communicator {
   // Element-wise reduction over ranks, in place; every rank gets the same bits.
   virtual CollectiveHandle all_reduce(TensorView data, ReduceOp op) = 0;
   // Concatenates each rank's `shard` (same size and dtype everywhere) into `full`, rank order.
+  // In place when `shard` is slice `rank` of `full`.
   virtual CollectiveHandle all_gather(TensorView shard, TensorView full) = 0;
-  // Reduces `full` over ranks and leaves slice `rank` of the result in `shard` (same dtype).
+  // Reduces `full` over ranks and leaves slice `rank` of the result in `shard` (same dtype). In
+  // place when `shard` is slice `rank` of `full`.
   virtual CollectiveHandle reduce_scatter(TensorView full, TensorView shard, ReduceOp op) = 0;
   // Makes the backend's later work wait for `handle` (no-op for kNoCollective and finished ones).
   virtual void wait(CollectiveHandle handle) = 0;

@@ -130,9 +130,11 @@ class LocalCommunicator final : public Communicator {
     guarded([&] {
       publish(shard);
       check_peers(shard.numel(), shard.dtype, "all_gather");
-      for (int r = 0; r < state_.world_size; ++r)
-        std::memcpy(static_cast<char*>(full.data) + static_cast<size_t>(r) * shard.bytes(),
-                    state_.pointers[static_cast<size_t>(r)].data, shard.bytes());
+      for (int r = 0; r < state_.world_size; ++r) {
+        char* to = static_cast<char*>(full.data) + static_cast<size_t>(r) * shard.bytes();
+        if (to != state_.pointers[static_cast<size_t>(r)].data)  // in place: this rank's part already there
+          std::memcpy(to, state_.pointers[static_cast<size_t>(r)].data, shard.bytes());
+      }
       state_.sync.arrive_and_wait();
     });
     return kNoCollective;

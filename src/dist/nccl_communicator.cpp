@@ -165,9 +165,11 @@ class NcclCommunicator final : public Communicator {
  private:
   static constexpr size_t kEvents = 256;
 
-  static ncclRedOp_t nccl_op(ReduceOp op) {
+  // An average over one rank is the sum: NCCL runs a one-rank sum in place as nothing at all, but
+  // an average (a pre-multiplied sum for floating types) as a scaling pass over the data.
+  ncclRedOp_t nccl_op(ReduceOp op) const {
     switch (op) {
-      case ReduceOp::average: return ncclAvg;
+      case ReduceOp::average: return world_size_ == 1 ? ncclSum : ncclAvg;
       case ReduceOp::max: return ncclMax;
       case ReduceOp::sum: break;
     }

@@ -25,11 +25,16 @@ namespace smelt::plan_detail {
 // Without resharding after forward, each block gathers into a buffer of its own (slot 2 + block)
 // for its forward, and its backward reads it there without a gather; the embedding and the head
 // take turns in the first gather buffer.
+// With one rank per shard group the same steps run in place (StepPlan::weights_in_place,
+// gradients_in_place): the gather and reduce-scatter buffers are the unit's part of the flat
+// weights and gradients, and none is planned.
 class ShardScheduler {
  public:
   ShardScheduler(PlanBuilder& builder, StepPlan& plan) : builder_(builder), plan_(plan) {
     if (!plan.data_parallel()) return;
     sharded_ = plan.sharded();
+    plan.gradients_in_place = sharded_ && plan.options.shard_degree == 1;
+    plan.weights_in_place = plan.gradients_in_place && !float8_gather_wanted(plan);
     layout_ = std::make_unique<ShardLayout>(ParameterLayout(plan.model), sharded_ ? plan.options.shard_degree : 1);
     const int layers = static_cast<int>(plan.model.n_layers);
     gradient_slot_.assign(layout_->units().size(), 0);
@@ -93,20 +98,23 @@ class ShardScheduler {
                                                  BufferClass::communication, true);
       return;
     }
-    plan_.gather_current = builder_.buffer("all-gather weights (buffer 1 of 2)", compute, Shape{gather_size_[0]},
-                                           BufferClass::communication, true);
-    if (gather_size_[1] > 0)
-      plan_.gather_next = builder_.buffer("all-gather weights (buffer 2 of 2)", compute, Shape{gather_size_[1]},
-                                          BufferClass::communication, true);
-    for (size_t layer = 0; layer < kept_size_.size(); ++layer)
-      plan_.gather_kept.push_back(builder_.buffer("all-gather weights of layers." + std::to_string(layer) +
-                                                      ", kept from forward to backward",
-                                                  compute, Shape{kept_size_[layer]}, BufferClass::communication, true));
+    if (!plan_.weights_in_place) {
+      plan_.gather_current = builder_.buffer("all-gather weights (buffer 1 of 2)", compute, Shape{gather_size_[0]},
+                                             BufferClass::communication, true);
+      if (gather_size_[1] > 0)
+        plan_.gather_next = builder_.buffer("all-gather weights (buffer 2 of 2)", compute, Shape{gather_size_[1]},
+                                            BufferClass::communication, true);
+      for (size_t layer = 0; layer < kept_size_.size(); ++layer)
+        plan_.gather_kept.push_back(builder_.buffer("all-gather weights of layers." + std::to_string(layer) +
+                                                        ", kept from forward to backward",
+                                                    compute, Shape{kept_size_[layer]}, BufferClass::communication, true));
+    }
     for (int r = 0; r < 2; ++r) {
       if (gradient_size_[r] == 0) continue;
       const std::string which = " (buffer " + std::to_string(r + 1) + " of 2)";
-      plan_.reduce_scatter[r] = builder_.buffer("reduce-scatter gradients" + which, master, Shape{gradient_size_[r]},
-                                                BufferClass::communication, true);
+      if (!plan_.gradients_in_place)
+        plan_.reduce_scatter[r] = builder_.buffer("reduce-scatter gradients" + which, master, Shape{gradient_size_[r]},
+                                                  BufferClass::communication, true);
       if (reduce == DType::bf16 && master != DType::bf16) {
         plan_.reduce_send[r] = builder_.buffer("reduce-scatter gradients, bf16 sent" + which, DType::bf16,
                                                Shape{gradient_size_[r]}, BufferClass::communication, true);
@@ -128,7 +136,7 @@ class ShardScheduler {
     if (!sharded_) return step;
     step.unit = k >= 0 ? uses_[static_cast<size_t>(k)] : unit_without_weights;
     if (k >= 0) step.gathered_weights = gather_buffer(slots_[static_cast<size_t>(k)]);
-    if (writes_gradients) step.unit_gradients = plan_.reduce_scatter[static_cast<size_t>(gradient_slot_[static_cast<size_t>(step.unit)])];
+    if (writes_gradients) step.unit_gradients = gradient_buffer(step.unit);
     return step;
   }
   // After a unit's last gradient-writing step: its reduce-scatter (sharded) and its all-reduce
@@ -137,8 +145,9 @@ class ShardScheduler {
     if (!active()) return;
     Step step{StepKind::reduce_scatter, layout_->unit(unit).layer};
     step.unit = unit;
+    step.op = static_cast<uint8_t>(gradient_slot_[static_cast<size_t>(unit)]);
     if (sharded_) {
-      step.unit_gradients = plan_.reduce_scatter[static_cast<size_t>(gradient_slot_[static_cast<size_t>(unit)])];
+      step.unit_gradients = gradient_buffer(unit);
       builder_.emit(step, {plan_.gradients});
     }
     if (!plan_.replicated()) return;
@@ -206,8 +215,14 @@ class ShardScheduler {
   int block_unit(int64_t layer) const { return active() ? layout_->block_unit(layer) : -1; }
 
  private:
+  // In place (one rank per shard group): the unit's part of the weights, or of the gradient shard.
   int gather_buffer(int slot) const {
+    if (plan_.weights_in_place) return plan_.compute_weights >= 0 ? plan_.compute_weights : plan_.parameters;
     return slot == 0 ? plan_.gather_current : slot == 1 ? plan_.gather_next : plan_.gather_kept[static_cast<size_t>(slot - 2)];
+  }
+  int gradient_buffer(int unit) const {
+    if (plan_.gradients_in_place) return plan_.gradients;
+    return plan_.reduce_scatter[static_cast<size_t>(gradient_slot_[static_cast<size_t>(unit)])];
   }
   void gather(size_t k) {
     if (!gathers_[k]) return;

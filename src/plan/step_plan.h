@@ -54,6 +54,8 @@ struct Step {
   // gathered weights and the one receiving its unsharded gradients (compute steps read and write
   // their weights and gradients there instead of the flat buffers).
   int unit = -1;
+  // Reduce-scatter and all-reduce-gradients steps: which of the two gradient slots (reduce_scatter,
+  // reduce_send, reduce_receive) the unit passes through is `op` (0 or 1).
   int gathered_weights = -1, unit_gradients = -1;
   std::string name() const;  // "forward layers.3.attention.wq", "all-gather layers.3"
 };
@@ -151,6 +153,13 @@ struct StepPlan {
   // Each is sized by the largest unit that passes through it.
   // Plain data parallel plans use reduce_send alone: with a bf16 reduce, the bf16 copy a unit's
   // gradients are all-reduced in (two, alternately).
+  // One rank per shard group (shard_degree 1, shard_single_rank): the collectives have nothing to
+  // move, so they run in place. A unit's gathered weights are its part of the compute copy (or of
+  // the master weights), unless float8 all-gather is wanted (weights_in_place false then), and its
+  // gradients are written straight into its part of the gradient shard; the all-gather and
+  // reduce-scatter steps remain, over the same buffers, and no gather or reduce-scatter buffer is
+  // planned for what runs in place.
+  bool weights_in_place = false, gradients_in_place = false;
   int gather_current = -1, gather_next = -1;
   // Without resharding after forward (PlanOptions::reshard_after_forward false): one gather buffer
   // per block, filled for its forward and read again by its backward; gather_current then serves

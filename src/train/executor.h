@@ -102,6 +102,7 @@ class Executor {
   TensorView weight_view(const ParameterInfo& info, const Step& step) const;
   TensorView grad_view(const ParameterInfo& info, const Step& step) const;
   TensorView unit_view(int buffer, const ParameterInfo& info, const Step& step) const;
+  TensorView unit_buffer(int buffer, const ShardUnit& unit) const;  // the unit's whole (padded) range in `buffer`
   // Unsharded: the compute copy (compute_weights) from the master weights, over the runs that have one.
   void fill_compute_copy();
 

@@ -77,13 +77,22 @@ void Executor::wait_pending(int buffer) {
   p = Pending{};
 }
 
+TensorView Executor::unit_buffer(int buffer, const ShardUnit& unit) const {
+  // In place (StepPlan::weights_in_place, gradients_in_place): the unit's part of a flat local
+  // buffer, which at one rank per shard group is the whole unit; otherwise a gather or
+  // reduce-scatter buffer holding one unit from its start.
+  const bool local = buffer == plan_.parameters || buffer == plan_.compute_weights || buffer == plan_.gradients;
+  SMELT_CHECK(!local || shard_layout_->ranks() == 1, "unit_buffer: a flat local buffer holds a whole unit only at one rank");
+  return flat_slice(view(buffer), local ? unit.shard_offset : 0, unit.padded);
+}
+
 TensorView Executor::unit_view(int buffer, const ParameterInfo& info, const Step& step) const {
   if (buffer < 0 || step.unit < 0) return TensorView();
   const ShardUnit& unit = shard_layout_->unit(step.unit);
   if (info.offset < unit.offset || info.offset + info.numel() > unit.offset + unit.length) return TensorView();
   ParameterInfo relative = info;
   relative.offset -= unit.offset;
-  return ParameterLayout::slice(view(buffer), relative);
+  return ParameterLayout::slice(unit_buffer(buffer, unit), relative);
 }
 
 void Executor::wait_for_buffers(const Step& step) {
@@ -126,8 +135,7 @@ void Executor::finish_collectives() {
 void Executor::all_reduce_replicas(const Step& step) {
   Communicator& c = *replica_group_;
   const ShardUnit& unit = unit_layout_->unit(step.unit);
-  const int slot = !sharded() ? (step.unit_gradients == plan_.reduce_send[1] ? 1 : 0)
-                              : (receiving_unit_[0] == step.unit ? 0 : 1);
+  const int slot = step.op;
   if (sharded()) {
     if (plan_.reduce_receive[0] < 0) {  // the shard, in place in the f32 gradients
       const CollectiveHandle handle =
@@ -158,20 +166,20 @@ void Executor::run_collective(const Step& step) {
       const ShardUnit& unit = shard_layout_->unit(step.unit);
       if (unit.float8_gathered()) return gather_float8_unit(unit, gather_slot(step.gathered_weights));
       const TensorView source = view(plan_.compute_weights >= 0 ? plan_.compute_weights : plan_.parameters);
+      // In place at one rank: the shard is the whole gathered unit (NCCL then moves nothing).
       set_pending(step.gathered_weights, c,
-                  c.all_gather(flat_slice(source, unit.shard_offset, unit.shard),
-                               flat_slice(view(step.gathered_weights), 0, unit.padded)));
+                  c.all_gather(flat_slice(source, unit.shard_offset, unit.shard), unit_buffer(step.gathered_weights, unit)));
       return;
     }
     case StepKind::reduce_scatter: {
       Communicator& c = *shard_group_;
       const ShardUnit& unit = shard_layout_->unit(step.unit);
-      const TensorView gradients = view(step.unit_gradients);
+      const TensorView gradients = unit_buffer(step.unit_gradients, unit);  // in place: the shard itself
       for (const auto& [first, last] : unit.gaps) backend_.fill(flat_slice(gradients, first, last - first), 0.0f);
-      const int slot = step.unit_gradients == plan_.reduce_scatter[0] ? 0 : 1;
+      const int slot = step.op;
       const int send = plan_.reduce_send[static_cast<size_t>(slot)];
       if (send < 0) {  // gradients travel in the master dtype, straight into the shard
-        const CollectiveHandle handle = c.reduce_scatter(flat_slice(gradients, 0, unit.padded),
+        const CollectiveHandle handle = c.reduce_scatter(gradients,
                                                          flat_slice(view(plan_.gradients), unit.shard_offset, unit.shard),
                                                          ReduceOp::average);
         set_pending(step.unit_gradients, c, handle);
@@ -224,11 +232,29 @@ void Executor::scatter_to_shards(const float* host, int buffer) {
 }
 
 // Collective: every rank's shards of `buffer` -> the whole-model host array (null: take part only).
-// Staged through the first reduce-scatter buffer (master dtype), a piece of every unit at a time.
+// Staged through the first reduce-scatter buffer (master dtype), a piece of every unit at a time;
+// with one rank per shard group (no such buffer: reduce-scatters in place) the shards are the units.
 void Executor::gather_from_shards(int buffer, float* host) {
   Communicator& c = *shard_group_;  // every shard group holds the whole model (HSDP: identical replicas)
   finish_collectives();
-  const TensorView local = view(buffer), staging = view(plan_.reduce_scatter[0]);
+  const TensorView local = view(buffer);
+  if (plan_.gradients_in_place) {
+    SMELT_CHECK(shard_layout_->ranks() == 1, "gather_from_shards: in place needs one rank per shard group");
+    if (!host) return;
+    std::vector<double> shards(static_cast<size_t>(local.numel()));
+    if (local.dtype == DType::f64) {
+      backend_.copy_to_host(shards.data(), local);
+    } else {
+      std::vector<float> narrow(shards.size());
+      backend_.copy_to_host(narrow.data(), local);
+      std::copy(narrow.begin(), narrow.end(), shards.begin());
+    }
+    for (const ShardUnit& unit : shard_layout_->units())
+      for (int64_t k = 0; k < unit.length; ++k)
+        host[unit.offset + k] = static_cast<float>(shards[static_cast<size_t>(unit.shard_offset + k)]);
+    return;
+  }
+  const TensorView staging = view(plan_.reduce_scatter[0]);
   const int64_t ranks = shard_layout_->ranks();
   const int64_t piece = staging.numel() / ranks;
   SMELT_CHECK(piece > 0 && staging.dtype == local.dtype, "gather_from_shards: no staging buffer for " + local.str());

@@ -221,6 +221,65 @@ TEST(ShardedPlan, KeepingGatheredWeightsWithTheFloat8AllGatherIsAClearError) {
   }
 }
 
+// One rank per shard group: the same collective steps as with two ranks, over the flat weights
+// and gradients themselves (nothing to move), and no gather or reduce-scatter buffer. A float8
+// all-gather keeps its gather buffers; a bf16 reduce its bf16 buffers.
+TEST(ShardedPlan, OneRankShardGroupsRunTheSameCollectivesInPlace) {
+  const ModelConfig model = testing::small_model(3);
+  auto backend = make_cpu_backend();
+  testing::ShardedCase c;
+  c.policy = "selective-op";
+  c.compute = DType::bf16;
+  c.shard_single_rank = true;
+  const StepPlan one = build_step_plan(model, testing::sharded_plan_options(model, c, 2, 1, *backend));
+  const StepPlan two = plan_for(model, 2);
+  EXPECT_TRUE(one.weights_in_place);
+  EXPECT_TRUE(one.gradients_in_place);
+  EXPECT_FALSE(two.weights_in_place || two.gradients_in_place);
+  EXPECT_EQ(one.gather_current, -1);
+  EXPECT_EQ(one.reduce_scatter[0], -1);
+  EXPECT_EQ(one.bytes_of(BufferClass::communication), 0u);
+  EXPECT_GT(two.bytes_of(BufferClass::communication), 0u);
+  ASSERT_GE(one.compute_weights, 0);
+  std::vector<std::string> names_one, names_two;
+  int gathers = 0, scatters = 0, writers = 0;
+  for (const Step& s : one.steps) {
+    if (is_collective(s.kind)) names_one.push_back(s.name());
+    if (s.gathered_weights >= 0) {
+      EXPECT_EQ(s.gathered_weights, one.compute_weights) << s.name();
+      ++gathers;
+    }
+    if (s.unit_gradients >= 0) {
+      EXPECT_EQ(s.unit_gradients, one.gradients) << s.name();
+      ++writers;
+    }
+    scatters += s.kind == StepKind::reduce_scatter;
+  }
+  for (const Step& s : two.steps)
+    if (is_collective(s.kind)) names_two.push_back(s.name());
+  EXPECT_EQ(names_one, names_two);
+  EXPECT_GT(gathers, 0);
+  EXPECT_EQ(scatters, 5);  // the embedding, 3 blocks, the head
+  EXPECT_GT(writers, scatters);
+
+  testing::ShardedCase float8 = c;
+  float8.float8 = Float8Recipe::tensorwise;
+  float8.float8_all_gather = true;
+  const StepPlan e4m3 = build_step_plan(model, testing::sharded_plan_options(model, float8, 2, 1, *backend));
+  EXPECT_FALSE(e4m3.weights_in_place);
+  EXPECT_TRUE(e4m3.gradients_in_place);
+  EXPECT_TRUE(e4m3.float8_gathered());
+  EXPECT_GE(e4m3.gather_current, 0);
+  EXPECT_EQ(e4m3.reduce_scatter[0], -1);
+
+  testing::ShardedCase bf16_reduce = c;
+  bf16_reduce.reduce = DType::bf16;
+  const StepPlan bf16 = build_step_plan(model, testing::sharded_plan_options(model, bf16_reduce, 2, 1, *backend));
+  EXPECT_EQ(bf16.reduce_scatter[0], -1);
+  EXPECT_GE(bf16.reduce_send[0], 0);
+  EXPECT_GE(bf16.reduce_receive[1], 0);
+}
+
 TEST(ShardedPlan, BuffersSizedPerUnitAndStateDivided) {
   const ModelConfig model = testing::small_model(3);
   const StepPlan one = plan_for(model, 1), four = plan_for(model, 4), bf16 = plan_for(model, 4, "none", DType::bf16);

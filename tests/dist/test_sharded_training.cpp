@@ -235,8 +235,28 @@ TEST(Float8AllGather, TwoRanksMatchOneRankWithinFloat8Noise) {
   }
 }
 
+// At one rank the float8 all-gather keeps its e4m3 gather buffers while the bf16 gather runs in
+// place in the compute copy (StepPlan::weights_in_place); gradients are in place in both. The two
+// still agree to the bit, as at two ranks.
+TEST(Float8AllGather, OneRankInE4m3AndInPlaceInBf16AgreeToTheBit) {
+  ShardedCase c{.policy = "selective-op", .compute = DType::bf16, .float8 = Float8Recipe::tensorwise};
+  c.float8_all_gather = true;
+  c.shard_single_rank = true;
+  const ModelConfig model = testing::small_model();
+  const std::vector<float> initial = testing::initial_weights(model, 19);
+  const GlobalBatches batches = testing::random_batches(model, c.batch_per_rank * c.seq_len, c.steps, 29);
+  const std::vector<RunResult> gathered = testing::train_sharded(model, c, 1, initial, batches);
+  ShardedCase in_place = c;
+  in_place.float8_all_gather = false;
+  const std::vector<RunResult> plain = testing::train_sharded(model, in_place, 1, initial, batches);
+  EXPECT_EQ(gathered[0].losses, plain[0].losses);
+  EXPECT_EQ(gathered[0].parameters, plain[0].parameters);
+  EXPECT_NE(gathered[0].parameters, initial) << "nothing was trained";
+}
+
 // The FSDP schedule over a communicator of one rank (what measures the machinery's cost on one
-// GPU) computes exactly what the unsharded plan computes: gathers copy, averages divide by one.
+// GPU) computes exactly what the unsharded plan computes: its collectives run in place, and an
+// average over one rank is the value itself.
 TEST(ShardedSingleRank, TheFsdpScheduleOverOneRankIsBitIdenticalToTheUnshardedRun) {
   const ModelConfig model = testing::small_model();
   const std::vector<float> initial = testing::initial_weights(model, 31);
