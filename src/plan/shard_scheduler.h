@@ -27,14 +27,14 @@ namespace smelt::plan_detail {
 // take turns in the first gather buffer.
 // With one rank per shard group the same steps run in place (StepPlan::weights_in_place,
 // gradients_in_place): the gather and reduce-scatter buffers are the unit's part of the flat
-// weights and gradients, and none is planned.
+// weights and gradients (and, for the float8 all-gather, of the e4m3 shards), and none is planned.
 class ShardScheduler {
  public:
   ShardScheduler(PlanBuilder& builder, StepPlan& plan) : builder_(builder), plan_(plan) {
     if (!plan.data_parallel()) return;
     sharded_ = plan.sharded();
     plan.gradients_in_place = sharded_ && plan.options.shard_degree == 1;
-    plan.weights_in_place = plan.gradients_in_place && !float8_gather_wanted(plan);
+    plan.weights_in_place = plan.gradients_in_place;
     layout_ = std::make_unique<ShardLayout>(ParameterLayout(plan.model), sharded_ ? plan.options.shard_degree : 1);
     const int layers = static_cast<int>(plan.model.n_layers);
     gradient_slot_.assign(layout_->units().size(), 0);
@@ -186,7 +186,7 @@ class ShardScheduler {
                                                  BufferClass::communication, true);
     plan_.float8_remainder_shard = builder_.buffer("float8 all-gather: norms shard (packed)", compute,
                                                    Shape{std::max<int64_t>(1, remainders)}, BufferClass::communication, true);
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < 2 && !plan_.weights_in_place; ++r) {  // in place: the shards are the gathered units
       const std::string which = " (buffer " + std::to_string(r + 1) + " of 2)";
       plan_.float8_gather[static_cast<size_t>(r)] = builder_.buffer("all-gather float8 weights" + which, DType::e4m3,
                                                                     Shape{largest}, BufferClass::communication, true);

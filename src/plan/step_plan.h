@@ -155,10 +155,10 @@ struct StepPlan {
   // gradients are all-reduced in (two, alternately).
   // One rank per shard group (shard_degree 1, shard_single_rank): the collectives have nothing to
   // move, so they run in place. A unit's gathered weights are its part of the compute copy (or of
-  // the master weights), unless float8 all-gather is wanted (weights_in_place false then), and its
-  // gradients are written straight into its part of the gradient shard; the all-gather and
-  // reduce-scatter steps remain, over the same buffers, and no gather or reduce-scatter buffer is
-  // planned for what runs in place.
+  // the master weights; with the float8 all-gather, its float8 linears' are its part of the e4m3
+  // shards), and its gradients are written straight into its part of the gradient shard. The
+  // all-gather and reduce-scatter steps remain, over those buffers, and no gather or reduce-scatter
+  // buffer is planned.
   bool weights_in_place = false, gradients_in_place = false;
   int gather_current = -1, gather_next = -1;
   // Without resharding after forward (PlanOptions::reshard_after_forward false): one gather buffer

@@ -123,7 +123,12 @@ class Executor {
   void unpack_float8_remainder(int slot);
   void transpose_float8_unit(int layer, int slot);
   void gathered_float8_states(const Step& step, std::array<Float8LinearState, kLayerWeightCount>& states) const;
+  void gathered_float8_states(int layer, int slot, std::array<Float8LinearState, kLayerWeightCount>& states) const;
   int gather_slot(int buffer) const { return buffer == plan_.gather_current ? 0 : 1; }
+  // Where a float8 unit's gathered e4m3 weights are: a gather buffer, or in place the shards.
+  int float8_rows_buffer(int slot) const {
+    return plan_.weights_in_place ? plan_.float8_shards : plan_.float8_gather[static_cast<size_t>(slot)];
+  }
 
   // Sharded execution (executor_sharded.cpp).
   void setup_sharding();  // checks the communicator against the plan, splits it for HSDP

@@ -166,23 +166,27 @@ void Executor::run_float8_gather_step(const Step& step) {
 }
 
 // The e4m3 gather of a float8 unit's shards, and of its norms (packed) beside it.
+// In place (one rank): the shards are the gathered unit, and its norms are already in the compute
+// copy, where the layer reads them (weights_in_place), so there is nothing to unpack.
 void Executor::gather_float8_unit(const ShardUnit& unit, int slot) {
   Communicator& c = *shard_group_;
-  const int gathered = plan_.float8_gather[static_cast<size_t>(slot)];
+  const bool in_place = plan_.weights_in_place;
+  const int gathered = float8_rows_buffer(slot);
   set_pending(gathered, c,
               c.all_gather(span_of(view(plan_.float8_shards), unit.shard_offset, unit.shard),
-                           span_of(view(gathered), 0, unit.padded)));
+                           span_of(view(gathered), in_place ? unit.shard_offset : 0, unit.padded)));
   if (unit.remainder > 0) {
     int64_t offset = 0;
     for (const ShardUnit& u : shard_layout_->units()) {
       if (&u == &unit) break;
       offset += u.remainder;
     }
-    const int remainder = plan_.float8_remainder_gather[static_cast<size_t>(slot)];
+    const int remainder = in_place ? plan_.float8_remainder_shard : plan_.float8_remainder_gather[static_cast<size_t>(slot)];
     set_pending(remainder, c,
                 c.all_gather(span_of(view(plan_.float8_remainder_shard), offset, unit.remainder),
-                             span_of(view(remainder), 0, unit.remainder * shard_layout_->ranks())));
+                             span_of(view(remainder), in_place ? offset : 0, unit.remainder * shard_layout_->ranks())));
   }
+  if (in_place) return;
   int index = 0;
   while (&shard_layout_->unit(index) != &unit) ++index;
   float8_unpack_unit_[static_cast<size_t>(slot)] = index;
@@ -207,55 +211,43 @@ void Executor::unpack_float8_remainder(int slot) {
   }
 }
 
-// Before a block's backward: W^T of each float8 linear from its gathered e4m3 W (decoded into the
-// unused compute-dtype place of W, then cast transposed with the same global scale: the same bytes).
+// Before a block's backward: W^T of each float8 linear from its gathered e4m3 W, by transposing
+// the codes (W and W^T share the one global scale, so these are the codes a transposed cast of the
+// weight writes: 2 bytes of traffic per element instead of a decode and a second cast).
 void Executor::transpose_float8_unit(int layer, int slot) {
   if (float8_transposed_layer_ == layer) return;
   float8_transposed_layer_ = layer;
   const ShardUnit& unit = shard_layout_->unit(shard_layout_->block_unit(layer));
   if (!unit.float8_gathered()) return;
-  const TensorView decoded = view(slot == 0 ? plan_.gather_current : plan_.gather_next);
   std::array<Float8LinearState, kLayerWeightCount> states;
-  Step step{StepKind::layer_backward, layer};
-  step.unit = shard_layout_->block_unit(layer);
-  step.gathered_weights = slot == 0 ? plan_.gather_current : plan_.gather_next;
-  gathered_float8_states(step, states);
-  for (int w = 0; w < kLayerWeightCount; ++w) {
-    const Float8Weight& weight = states[static_cast<size_t>(w)].weight;
+  gathered_float8_states(layer, slot, states);
+  for (const Float8LinearState& state : states) {
+    const Float8Weight& weight = state.weight;
     if (weight.empty()) continue;
-    const ParameterInfo& p = layout_.layer(layer, static_cast<LayerWeight>(w));
-    const int64_t out = weight.rows.values.rows(), in = weight.rows.values.cols();
-    const TensorView plain(static_cast<char*>(decoded.data) + static_cast<size_t>(p.offset - unit.offset) * dtype_size(decoded.dtype),
-                           decoded.dtype, Shape{out, in}, decoded.device);
-    DequantizeArgs d;
-    d.src = weight.rows.values;
-    d.dst = plain;
-    d.scale = weight.rows.scale;
-    backend_.dequantize(d);
-    QuantizeArgs q;
-    q.src = plain;
-    q.dst = weight.transposed.values;
-    q.scale = weight.transposed.scale;
-    q.transpose = true;
-    backend_.quantize(q);
+    SMELT_CHECK(weight.rows.values.dtype == weight.transposed.values.dtype,
+                "transpose_float8_unit: W and W^T of a gathered weight must share their float8 type");
+    backend_.transpose({weight.rows.values, weight.transposed.values});
   }
 }
 
 void Executor::gathered_float8_states(const Step& step, std::array<Float8LinearState, kLayerWeightCount>& states) const {
   if (step.gathered_weights < 0 || step.layer < 0 || step.unit < 0) return;
-  const ShardUnit& unit = shard_layout_->unit(step.unit);
+  gathered_float8_states(step.layer, gather_slot(step.gathered_weights), states);
+}
+
+void Executor::gathered_float8_states(int layer, int slot, std::array<Float8LinearState, kLayerWeightCount>& states) const {
+  const ShardUnit& unit = shard_layout_->unit(shard_layout_->block_unit(layer));
   if (!unit.float8_gathered()) return;
-  const int slot = gather_slot(step.gathered_weights);
-  const TensorView rows = view(plan_.float8_gather[static_cast<size_t>(slot)]);
+  const TensorView rows = span_of(view(float8_rows_buffer(slot)), plan_.weights_in_place ? unit.shard_offset : 0, unit.padded);
   const TensorView transposed = view(plan_.float8_gather_transposed);
   const TensorView scales = view(plan_.float8_gather_scales);
   const Float8Recipe recipe = plan_.options.float8.recipe;
   for (int w = 0; w < kLayerWeightCount; ++w) {
-    if (!plan_.layers[static_cast<size_t>(step.layer)].float8[static_cast<size_t>(w)]) continue;
-    const ParameterInfo& p = layout_.layer(step.layer, static_cast<LayerWeight>(w));
+    if (!plan_.layers[static_cast<size_t>(layer)].float8[static_cast<size_t>(w)]) continue;
+    const ParameterInfo& p = layout_.layer(layer, static_cast<LayerWeight>(w));
     const auto spec = layer_weight_spec(static_cast<LayerWeight>(w), plan_.model);
     const int64_t out = spec.dims[0], in = spec.dims[1], at = p.offset - unit.offset;
-    const TensorView scale = span_of(scales, step.layer * kLayerWeightCount + w, 1);
+    const TensorView scale = span_of(scales, layer * kLayerWeightCount + w, 1);
     Float8Weight& weight = states[static_cast<size_t>(w)].weight;
     weight.rows = {TensorView(rows.as<uint8_t>() + at, float8_gemm_cast(recipe, LinearGemm::output).b.dtype, Shape{out, in},
                               rows.device),

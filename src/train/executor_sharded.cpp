@@ -100,7 +100,7 @@ void Executor::wait_for_buffers(const Step& step) {
   for (int buffer : {step.gathered_weights, step.unit_gradients}) wait_pending(buffer);
   if (step.gathered_weights >= 0 && plan_.float8_gathered()) {
     const int slot = gather_slot(step.gathered_weights);
-    wait_pending(plan_.float8_gather[static_cast<size_t>(slot)]);
+    wait_pending(float8_rows_buffer(slot));
     unpack_float8_remainder(slot);
     if (step.kind == StepKind::layer_backward) transpose_float8_unit(step.layer, slot);
   }

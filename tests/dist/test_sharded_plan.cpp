@@ -222,8 +222,8 @@ TEST(ShardedPlan, KeepingGatheredWeightsWithTheFloat8AllGatherIsAClearError) {
 }
 
 // One rank per shard group: the same collective steps as with two ranks, over the flat weights
-// and gradients themselves (nothing to move), and no gather or reduce-scatter buffer. A float8
-// all-gather keeps its gather buffers; a bf16 reduce its bf16 buffers.
+// and gradients themselves (nothing to move), and no gather or reduce-scatter buffer; a float8
+// all-gather gathers the e4m3 shards in place. A bf16 reduce keeps its bf16 buffers.
 TEST(ShardedPlan, OneRankShardGroupsRunTheSameCollectivesInPlace) {
   const ModelConfig model = testing::small_model(3);
   auto backend = make_cpu_backend();
@@ -266,10 +266,12 @@ TEST(ShardedPlan, OneRankShardGroupsRunTheSameCollectivesInPlace) {
   float8.float8 = Float8Recipe::tensorwise;
   float8.float8_all_gather = true;
   const StepPlan e4m3 = build_step_plan(model, testing::sharded_plan_options(model, float8, 2, 1, *backend));
-  EXPECT_FALSE(e4m3.weights_in_place);
+  EXPECT_TRUE(e4m3.weights_in_place);
   EXPECT_TRUE(e4m3.gradients_in_place);
-  EXPECT_TRUE(e4m3.float8_gathered());
-  EXPECT_GE(e4m3.gather_current, 0);
+  EXPECT_TRUE(e4m3.float8_gathered());  // the e4m3 shards, gathered in place
+  EXPECT_EQ(e4m3.gather_current, -1);
+  EXPECT_EQ(e4m3.float8_gather[0], -1);
+  EXPECT_EQ(e4m3.float8_remainder_gather[1], -1);
   EXPECT_EQ(e4m3.reduce_scatter[0], -1);
 
   testing::ShardedCase bf16_reduce = c;
