@@ -43,6 +43,9 @@ std::string parallel_layout(const StepPlan& plan) {
   else
     out << " (plain data parallel: every rank holds the whole model, gradients all-reduced per unit)";
   if (!plan.gather_kept.empty()) out << "; each block's gathered weights kept from its forward to its backward";
+  if (plan.weights_in_place)
+    out << "; one rank per shard group: the collectives run in place (gathered weights are the local copy, "
+           "gradients are written into the shard), so nothing moves";
   return out.str();
 }
 
@@ -173,7 +176,7 @@ std::string format_plan(const StepPlan& plan, bool list_steps) {
   char line[512];
   out << "model:   " << describe(plan.model) << "\n";
   out << "plan:    " << plan_summary_line(plan) << "\n";
-  if (plan.data_parallel() && plan.world_size() > 1) {
+  if (plan.data_parallel() && (plan.world_size() > 1 || plan.sharded())) {
     out << "layout:  " << parallel_layout(plan) << "; memory below is one rank's\n";
     out << "comms:   " << communication_summary(plan) << "\n";
   }
@@ -184,7 +187,7 @@ std::string format_plan(const StepPlan& plan, bool list_steps) {
                 ? "; weights quantised once per step (after the optimizer, from the fp32 master) into W copies, "
                   "W^T transposed from W's codes at each backward use"
             : plan.float8_weights >= 0 ? "; weights quantised once per step (after the optimizer, from the fp32 master) into W and W^T copies"
-            : plan.float8_gathered() ? "; weights gathered in e4m3 (scales from one amax all-reduce), W^T made after the gather"
+            : plan.float8_gathered() ? "; weights gathered in e4m3 (scales from one amax all-reduce), W^T transposed from the gathered codes"
                                      : "; weights quantised at each use (sharded plan, gathered in bf16)")
         << "\n         " << float8_linear_summary(plan) << "\n"
         << "         " << float8_saved_summary(plan) << "\n";

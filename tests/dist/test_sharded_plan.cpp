@@ -258,6 +258,9 @@ TEST(ShardedPlan, OneRankShardGroupsRunTheSameCollectivesInPlace) {
   for (const Step& s : two.steps)
     if (is_collective(s.kind)) names_two.push_back(s.name());
   EXPECT_EQ(names_one, names_two);
+  const std::string report = format_plan(one, false);  // `smelt plan` says so, at world 1 too
+  EXPECT_NE(report.find("the collectives run in place"), std::string::npos) << report;
+  EXPECT_EQ(format_plan(two, false).find("run in place"), std::string::npos);
   EXPECT_GT(gathers, 0);
   EXPECT_EQ(scatters, 5);  // the embedding, 3 blocks, the head
   EXPECT_GT(writers, scatters);
