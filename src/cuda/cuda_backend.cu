@@ -186,6 +186,11 @@ double CudaBackend::timing_elapsed_ms(size_t from, size_t to) {
   return ms;
 }
 
+void* CudaBackend::timing_event(size_t index) {
+  SMELT_CHECK(index < state_->marks.size(), "timing mark " + std::to_string(index) + " was not reserved");
+  return static_cast<void*>(state_->marks[index]);
+}
+
 bool CudaBackend::begin_capture() {
   SMELT_CUDA_CHECK(cudaStreamBeginCapture(state_->context.stream, cudaStreamCaptureModeThreadLocal));
   return true;

@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
   void reserve_timing_marks(size_t count) override;
   void timing_mark(size_t index) override;
   double timing_elapsed_ms(size_t from, size_t to) override;
+  void* timing_event(size_t index) override;
   bool begin_capture() override;
   bool end_capture() override;
   void replay() override;

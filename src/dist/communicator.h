@@ -41,6 +41,18 @@ class Communicator {
   // Reduces `full` over ranks and leaves slice `rank` of the result in `shard` (same dtype). In
   // place when `shard` is slice `rank` of `full`.
   virtual CollectiveHandle reduce_scatter(TensorView full, TensorView shard, ReduceOp op) = 0;
+  // Traces: with timing on, each collective issued records when it starts and ends on the
+  // communication stream. issued() is the next handle (handles given out so far); after
+  // synchronize(), collective_window_ms gives a handle's start and end in ms after
+  // `reference_event` (a backend timing event, Backend::timing_event). Host-synchronous
+  // implementations have no communication stream: they report nothing, and their collectives'
+  // time is the compute track's.
+  virtual void enable_timing(bool /*enabled*/) {}
+  virtual CollectiveHandle issued() const { return 0; }
+  virtual bool collective_window_ms(CollectiveHandle /*handle*/, void* /*reference_event*/, double* /*start*/,
+                                    double* /*end*/) {
+    return false;
+  }
   // Makes the backend's later work wait for `handle` (no-op for kNoCollective and finished ones).
   virtual void wait(CollectiveHandle handle) = 0;
   // Blocks the host until every issued collective has finished.

@@ -97,10 +97,9 @@ class NcclCommunicator final : public Communicator {
     // No throwing here: report and carry on releasing.
     if (stream_) cudaStreamSynchronize(stream_);
     if (comm_) ncclCommDestroy(comm_);
-    for (size_t i = 0; i < kEvents; ++i) {
-      if (ready_[i]) cudaEventDestroy(ready_[i]);
-      if (done_[i]) cudaEventDestroy(done_[i]);
-    }
+    for (size_t i = 0; i < kEvents; ++i)
+      for (cudaEvent_t event : {ready_[i], done_[i], begin_[i], end_[i]})
+        if (event) cudaEventDestroy(event);
     if (stream_ && owns_stream_) cudaStreamDestroy(stream_);
   }
 
@@ -158,6 +157,31 @@ class NcclCommunicator final : public Communicator {
     SMELT_NCCL_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_[static_cast<size_t>(handle) % kEvents], 0));
   }
 
+  void enable_timing(bool enabled) override {
+    timing_ = enabled;
+    if (!enabled || begin_[0]) return;
+    for (size_t i = 0; i < kEvents; ++i) {  // timing events, made once
+      SMELT_NCCL_CUDA_CHECK(cudaEventCreate(&begin_[i]));
+      SMELT_NCCL_CUDA_CHECK(cudaEventCreate(&end_[i]));
+    }
+  }
+  CollectiveHandle issued() const override { return next_; }
+  bool collective_window_ms(CollectiveHandle handle, void* reference_event, double* start, double* end) override {
+    if (!reference_event || handle < 0 || handle >= next_) return false;
+    const size_t slot = static_cast<size_t>(handle) % kEvents;
+    if (timed_[slot] != handle) return false;  // issued untimed, or its events reused by a later one
+    float from = 0, to = 0;
+    const cudaEvent_t reference = static_cast<cudaEvent_t>(reference_event);
+    if (cudaEventElapsedTime(&from, reference, begin_[slot]) != cudaSuccess ||
+        cudaEventElapsedTime(&to, reference, end_[slot]) != cudaSuccess) {
+      cudaGetLastError();  // not recorded or not finished: no window
+      return false;
+    }
+    *start = from;
+    *end = to;
+    return true;
+  }
+
   void synchronize() override { SMELT_NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   void barrier() override { rendezvous().exchange(""); }
   std::vector<std::string> exchange_text(const std::string& text) override { return rendezvous().exchange(text); }
@@ -184,6 +208,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void create_events() {
+    timed_.fill(kNoCollective);
     for (size_t i = 0; i < kEvents; ++i) {
       SMELT_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_[i], cudaEventDisableTiming));
       SMELT_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
@@ -197,7 +222,10 @@ class NcclCommunicator final : public Communicator {
     const size_t slot = static_cast<size_t>(handle) % kEvents;
     SMELT_NCCL_CUDA_CHECK(cudaEventRecord(ready_[slot], compute_));
     SMELT_NCCL_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_[slot], 0));
+    timed_[slot] = timing_ ? handle : kNoCollective;
+    if (timing_) SMELT_NCCL_CUDA_CHECK(cudaEventRecord(begin_[slot], stream_));
     launch();
+    if (timing_) SMELT_NCCL_CUDA_CHECK(cudaEventRecord(end_[slot], stream_));
     SMELT_NCCL_CUDA_CHECK(cudaEventRecord(done_[slot], stream_));
     return handle;
   }
@@ -208,6 +236,10 @@ class NcclCommunicator final : public Communicator {
   bool owns_stream_ = false;
   ncclComm_t comm_ = nullptr;
   std::array<cudaEvent_t, kEvents> ready_{}, done_{};
+  // Traces (enable_timing): timing events around each collective, and which handle a slot's are.
+  bool timing_ = false;
+  std::array<cudaEvent_t, kEvents> begin_{}, end_{};
+  std::array<CollectiveHandle, kEvents> timed_{};
   CollectiveHandle next_ = 0;
 };
 

@@ -75,6 +75,9 @@ class Backend {
   virtual void reserve_timing_marks(size_t count) = 0;
   virtual void timing_mark(size_t index) = 0;
   virtual double timing_elapsed_ms(size_t from, size_t to) = 0;
+  // The device event behind mark `index` (a cudaEvent_t on CUDA), which other streams' timing
+  // events are measured against (the communication stream's collectives); null on the CPU.
+  virtual void* timing_event(size_t /*index*/) { return nullptr; }
   // Whole-step graphs: the ops issued between begin_capture() and end_capture() are
   // recorded once, not run, and replay() runs them again. begin_capture returns false
   // where graphs are not supported (the CPU); end_capture returns false when the capture

@@ -114,6 +114,9 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
 
   std::vector<double> milliseconds;
   std::vector<double> per_step_ms(plan.steps.size(), 0.0);
+  // Each step's collectives on the communication stream (start, end), summed, and how many traced steps had them.
+  std::vector<std::pair<double, double>> windows(plan.steps.size(), {0.0, 0.0});
+  std::vector<int> windowed(plan.steps.size(), 0);
   const bool tracing = !options.trace_path.empty();
   for (int64_t step = 1; step <= options.warmup + options.steps; ++step) {
     optimizer.step = step;
@@ -124,6 +127,13 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
     if (tracing && step > options.warmup) {
       auto ms = executor.step_milliseconds();
       for (size_t i = 0; i < ms.size(); ++i) per_step_ms[i] += ms[i] / static_cast<double>(options.steps);
+      const auto step_windows = executor.collective_windows();
+      for (size_t i = 0; i < step_windows.size(); ++i) {
+        if (step_windows[i].first < 0) continue;
+        windows[i].first += step_windows[i].first;
+        windows[i].second += step_windows[i].second;
+        ++windowed[i];
+      }
     }
     const double ms = std::chrono::duration<double, std::milli>(clock::now() - start).count();
     if (step == 1) r.first_loss = loss;
@@ -134,7 +144,10 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
         << "\n" << std::flush;
   }
   if (tracing && options.report) {
-    write_chrome_trace(options.trace_path, plan, per_step_ms);
+    for (size_t i = 0; i < windows.size(); ++i)  // means over the traced steps
+      windows[i] = windowed[i] == 0 ? std::pair{-1.0, -1.0}
+                                    : std::pair{windows[i].first / windowed[i], windows[i].second / windowed[i]};
+    write_chrome_trace(options.trace_path, plan, per_step_ms, windows);
     log << "\nwhere the time goes (mean of " << options.steps << " traced steps; trace: " << options.trace_path << ")\n"
         << trace_summary(plan, per_step_ms) << std::flush;
     if (!options.calibrate_path.empty()) merge_calibration(options.calibrate_path, setup, plan, per_step_ms, log);

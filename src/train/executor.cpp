@@ -249,20 +249,54 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
 }
 
 void Executor::run_indexed(size_t i, const OptimizerSettings& optimizer) {
-  if (timing_) {
-    backend_.timing_mark(i);
-    backend_.range_push(step_names_[i].c_str());
-  }
+  if (!timing_) return run_step(plan_.steps[i], optimizer);
+  backend_.timing_mark(i);
+  backend_.range_push(step_names_[i].c_str());
+  const std::vector<Communicator*> groups = communicators();
+  std::vector<CollectiveHandle> before;
+  for (Communicator* c : groups) before.push_back(c->issued());
   run_step(plan_.steps[i], optimizer);
-  if (timing_) backend_.range_pop();
+  issued_[i].clear();
+  for (size_t g = 0; g < groups.size(); ++g)
+    if (groups[g]->issued() > before[g]) issued_[i].push_back({groups[g], before[g], groups[g]->issued()});
+  backend_.range_pop();
+}
+
+std::vector<Communicator*> Executor::communicators() const {
+  std::vector<Communicator*> all;
+  for (Communicator* c : {communicator_, shard_group_, replica_group_})
+    if (c && std::find(all.begin(), all.end(), c) == all.end()) all.push_back(c);
+  return all;
 }
 
 void Executor::enable_timing(bool enabled) {
   timing_ = enabled;
+  for (Communicator* c : communicators()) c->enable_timing(enabled);
   if (!enabled) return;
   backend_.reserve_timing_marks(plan_.steps.size() + 1);
   step_names_.clear();
   for (const auto& step : plan_.steps) step_names_.push_back(step.name());
+  issued_.assign(plan_.steps.size(), {});
+}
+
+std::vector<std::pair<double, double>> Executor::collective_windows() {
+  SMELT_CHECK(timing_, "collective_windows needs enable_timing(true) before run()");
+  std::vector<std::pair<double, double>> windows(plan_.steps.size(), {-1.0, -1.0});
+  void* reference = backend_.timing_event(0);
+  if (!reference) return windows;
+  for (Communicator* c : communicators()) c->synchronize();
+  for (size_t i = 0; i < issued_.size(); ++i) {
+    double first = -1, last = -1;
+    for (const IssuedCollectives& run : issued_[i])
+      for (CollectiveHandle h = run.first; h < run.end; ++h) {
+        double start = 0, end = 0;
+        if (!run.by->collective_window_ms(h, reference, &start, &end)) continue;
+        first = first < 0 ? start : std::min(first, start);
+        last = std::max(last, end);
+      }
+    if (first >= 0) windows[i] = {first, last};
+  }
+  return windows;
 }
 
 std::vector<double> Executor::step_milliseconds() {

@@ -79,6 +79,11 @@ class Executor {
   // after the step (it synchronises).
   void enable_timing(bool enabled);
   std::vector<double> step_milliseconds();
+  // With timing on, after step_milliseconds(): each step's collectives on the communication stream,
+  // from the start of the first to the end of the last, in ms after the first step's mark
+  // (the trace's time 0); {-1, -1} for steps that issued none or where the communicator cannot
+  // time them (ranks as threads: their collectives run inside the compute steps).
+  std::vector<std::pair<double, double>> collective_windows();
 
   // Float8 linears that read the same input in consecutive steps (wq, wk, wv; w1, w3) quantise
   // it once (on by default; off: each quantises its own, the same bytes). `float8_inputs_reused`
@@ -165,6 +170,13 @@ class Executor {
   std::array<int, 2> float8_unpack_unit_{-1, -1}; // float8 all-gather: the unit whose norms each slot awaits
   Float8Scratch float8_forward_scratch_, float8_backward_scratch_;
   int float8_transposed_layer_ = -1;              // the layer whose W^T copies are made
+  // Timing: the handles each step issued, per communicator (first, end).
+  struct IssuedCollectives {
+    Communicator* by;
+    CollectiveHandle first, end;
+  };
+  std::vector<std::vector<IssuedCollectives>> issued_;
+  std::vector<Communicator*> communicators() const;  // the distinct ones this rank issues on
   bool timing_ = false;
   bool graph_wanted_ = false, graph_captured_ = false, graph_failed_ = false;
   int eager_runs_ = 0;

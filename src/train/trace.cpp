@@ -38,11 +38,24 @@ std::string op_kind(const std::string& name) {
 
 }  // namespace
 
-void write_chrome_trace(const std::string& path, const StepPlan& plan, const std::vector<double>& ms) {
+void write_chrome_trace(const std::string& path, const StepPlan& plan, const std::vector<double>& ms,
+                        const std::vector<std::pair<double, double>>& collective_windows) {
   nlohmann::json events = nlohmann::json::array();
   double start_us = 0;
   events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", 1}, {"args", {{"name", "smelt training step"}}}});
   events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 1}, {"tid", 1}, {"args", {{"name", "compute stream"}}}});
+  // The collectives as they ran on the communication stream, on a track of their own (their
+  // steps on the compute track are the issue and any waits).
+  bool communication_track = false;
+  for (size_t i = 0; i < plan.steps.size() && i < collective_windows.size(); ++i) {
+    const auto [first, last] = collective_windows[i];
+    if (first < 0 || last < first) continue;
+    if (!communication_track)
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 1}, {"tid", 2}, {"args", {{"name", "communication stream"}}}});
+    communication_track = true;
+    events.push_back({{"ph", "X"}, {"name", plan.steps[i].name()}, {"cat", "communication"}, {"pid", 1}, {"tid", 2},
+                      {"ts", first * 1e3}, {"dur", (last - first) * 1e3}, {"args", {{"step", i}}}});
+  }
   for (size_t i = 0; i < plan.steps.size() && i < ms.size(); ++i) {
     const auto& step = plan.steps[i];
     const double duration_us = ms[i] * 1e3;

@@ -2,14 +2,19 @@
 // plan step, and a text summary of where the time goes, grouped by op.
 #pragma once
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "plan/step_plan.h"
 
 namespace smelt {
 
-// `milliseconds[i]` is the time of plan step i (Executor::step_milliseconds).
-void write_chrome_trace(const std::string& path, const StepPlan& plan, const std::vector<double>& milliseconds);
+// `milliseconds[i]` is the time of plan step i (Executor::step_milliseconds), laid out in plan
+// order on the compute-stream track. `collective_windows[i]` (Executor::collective_windows; may be
+// empty), where not {-1, -1}, is when step i's collectives ran on the communication stream (ms
+// from the first step's start): a span on the communication-stream track.
+void write_chrome_trace(const std::string& path, const StepPlan& plan, const std::vector<double>& milliseconds,
+                        const std::vector<std::pair<double, double>>& collective_windows = {});
 // One line per op kind ("backward attention.sdpa"), summed over blocks, largest first, with shares.
 std::string trace_summary(const StepPlan& plan, const std::vector<double>& milliseconds);
 

@@ -65,6 +65,42 @@ TEST(NcclCommunicator, OneRankCollectivesRunAfterTheComputeStreamsWork) {
   EXPECT_EQ(communicator->exchange_text("only me"), std::vector<std::string>{"only me"});
 }
 
+// Traces: a timed collective reports when it ran on the communication stream, after the compute
+// work queued before it; untimed ones and handles never issued report nothing.
+TEST(NcclCommunicator, TimedCollectivesReportWhenTheyRanOnTheCommunicationStream) {
+  std::string why;
+  if (skip_reason(why)) GTEST_SKIP() << why;
+  auto backend = make_cuda_backend();
+  auto communicator = make_nccl_communicator(one_rank(), backend_stream(*backend));
+  const int64_t n = 1 << 26;  // 256 MB per f32 buffer: the copy takes measurable time
+  Arena arena(backend->memory(), static_cast<size_t>(n) * 8);
+  TensorView shard = arena.view(0, DType::f32, Shape{n});
+  TensorView full = arena.view(static_cast<size_t>(n) * 4, DType::f32, Shape{n});
+  const CollectiveHandle untimed = communicator->all_gather(shard, full);
+  communicator->enable_timing(true);
+  backend->reserve_timing_marks(2);
+  backend->timing_mark(0);
+  for (int k = 0; k < 4; ++k) backend->fill(shard, 0.5f + static_cast<float>(k));  // compute work first
+  backend->timing_mark(1);
+  const CollectiveHandle before = communicator->issued();
+  const CollectiveHandle timed = communicator->all_gather(shard, full);  // out of place: a 256 MB copy
+  EXPECT_EQ(communicator->issued(), before + 1);
+  communicator->wait(timed);
+  backend->synchronize();
+  communicator->synchronize();
+  double start = -1, end = -1;
+  ASSERT_TRUE(communicator->collective_window_ms(timed, backend->timing_event(0), &start, &end));
+  const double compute = backend->timing_elapsed_ms(0, 1);
+  EXPECT_GT(compute, 0.0);
+  EXPECT_GE(start, compute * 0.999) << "the collective started before the compute work queued ahead of it ended";
+  EXPECT_GT(end, start) << "a 256 MB copy takes time";
+  EXPECT_LT(end - start, 1000.0);
+  double s = 0, e = 0;
+  EXPECT_FALSE(communicator->collective_window_ms(untimed, backend->timing_event(0), &s, &e));
+  EXPECT_FALSE(communicator->collective_window_ms(communicator->issued(), backend->timing_event(0), &s, &e));
+  EXPECT_FALSE(communicator->collective_window_ms(timed, nullptr, &s, &e));
+}
+
 std::unique_ptr<Backend> cuda_on(int device) {
   CudaBackendOptions options;
   options.device = device;
@@ -113,6 +149,34 @@ TEST(NcclCommunicator, TheFsdpScheduleOverOneGpuMatchesTheUnshardedRun) {
   };
   double fsdp_seconds = 0, graph_seconds = 0;
   const testing::RunResult fsdp = run_fsdp(false, fsdp_seconds);
+  {  // A traced step: every collective step has its window on the communication stream, inside the step.
+    auto backend = cuda();
+    auto communicator = make_nccl_communicator(one_rank(), backend_stream(*backend));
+    const StepPlan plan = build_step_plan(model, testing::sharded_plan_options(model, c, c.batch_per_rank, 1, *backend));
+    Executor executor(plan, *backend, communicator.get());
+    executor.load_parameters(initial.data());
+    executor.reset_optimizer_state();
+    executor.load_batch(batches.inputs[0].data(), batches.targets[0].data());
+    executor.enable_timing(true);
+    executor.run(testing::test_optimizer(1));
+    const std::vector<double> ms = executor.step_milliseconds();
+    const auto windows = executor.collective_windows();
+    double total = 0;
+    for (double m : ms) total += m;
+    int collectives = 0;
+    for (size_t i = 0; i < plan.steps.size(); ++i) {
+      const StepKind kind = plan.steps[i].kind;
+      if (kind != StepKind::all_gather && kind != StepKind::reduce_scatter) {
+        if (kind == StepKind::layer_forward) EXPECT_EQ(windows[i].first, -1.0) << plan.steps[i].name();
+        continue;
+      }
+      ++collectives;
+      EXPECT_GE(windows[i].first, 0.0) << plan.steps[i].name();
+      EXPECT_GE(windows[i].second, windows[i].first) << plan.steps[i].name();
+      EXPECT_LE(windows[i].second, total * 1.01 + 0.1) << plan.steps[i].name();
+    }
+    EXPECT_GT(collectives, 0);
+  }
   const testing::RunResult graphed = run_fsdp(true, graph_seconds);
   // Replaying the captured step runs the same kernels in the same order: bit-identical.
   for (int s = 0; s < c.steps; ++s)

@@ -1,0 +1,91 @@
+// Chrome traces: one span per plan step on the compute-stream track, in plan order, and the
+// collectives' windows on a communication-stream track of their own.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/random.h"
+#include "dist/sharded_fixture.h"
+#include "train/trace.h"
+
+namespace smelt {
+namespace {
+
+namespace fs = std::filesystem;
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return nlohmann::json::parse(text.str());
+}
+
+bool is_collective(StepKind kind) {
+  return kind == StepKind::all_gather || kind == StepKind::reduce_scatter || kind == StepKind::all_reduce_loss ||
+         kind == StepKind::all_reduce_gradient_norm;
+}
+
+TEST(ChromeTrace, CollectivesGetACommunicationTrackAtTheirOwnTimes) {
+  const ModelConfig model = testing::small_model(2);
+  testing::ShardedCase c;
+  c.shard_single_rank = true;
+  auto backend = make_cpu_backend();
+  const StepPlan plan = build_step_plan(model, testing::sharded_plan_options(model, c, 2, 1, *backend));
+  Random random(2026, 12);
+  std::vector<double> ms(plan.steps.size());
+  for (double& m : ms) m = 0.05 + random.uniform();
+  std::vector<std::pair<double, double>> windows(plan.steps.size(), {-1.0, -1.0});
+  std::vector<size_t> timed;
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    if (!is_collective(plan.steps[i].kind)) continue;
+    const double start = 10 * random.uniform();
+    windows[i] = {start, start + random.uniform()};
+    timed.push_back(i);
+  }
+  ASSERT_GT(timed.size(), 4u);
+  windows[timed.back()] = {2.0, 1.0};  // ends before it starts: not drawn
+  const fs::path folder = fs::temp_directory_path() / ("smelt_trace_" + std::to_string(::getpid()));
+  fs::create_directories(folder);
+
+  write_chrome_trace((folder / "with.json").string(), plan, ms, windows);
+  const nlohmann::json with = read_json(folder / "with.json");
+  std::vector<nlohmann::json> compute, communication;
+  bool named = false;
+  for (const auto& e : with["traceEvents"]) {
+    if (e["ph"] == "M" && e.contains("tid") && e["tid"] == 2) named = e["args"]["name"] == "communication stream";
+    if (e["ph"] != "X") continue;
+    (e["tid"] == 1 ? compute : communication).push_back(e);
+  }
+  EXPECT_TRUE(named);
+  ASSERT_EQ(compute.size(), plan.steps.size());
+  double at = 0;
+  for (size_t i = 0; i < compute.size(); ++i) {  // plan order, back to back, with each step's time
+    EXPECT_EQ(compute[i]["name"], plan.steps[i].name());
+    EXPECT_NEAR(compute[i]["ts"].get<double>(), at, 1e-6);
+    EXPECT_NEAR(compute[i]["dur"].get<double>(), ms[i] * 1e3, 1e-6);
+    at += ms[i] * 1e3;
+  }
+  ASSERT_EQ(communication.size(), timed.size() - 1);
+  for (size_t k = 0; k + 1 < timed.size(); ++k) {
+    const size_t i = timed[k];
+    EXPECT_EQ(communication[k]["name"], plan.steps[i].name());
+    EXPECT_EQ(communication[k]["args"]["step"], i);
+    EXPECT_NEAR(communication[k]["ts"].get<double>(), windows[i].first * 1e3, 1e-6);
+    EXPECT_NEAR(communication[k]["dur"].get<double>(), (windows[i].second - windows[i].first) * 1e3, 1e-6);
+  }
+
+  // Without windows (the CPU's ranks as threads, unsharded plans): no communication track.
+  write_chrome_trace((folder / "without.json").string(), plan, ms);
+  for (const auto& e : read_json(folder / "without.json")["traceEvents"])
+    if (e.contains("tid")) EXPECT_EQ(e["tid"], 1) << e.dump();
+  fs::remove_all(folder);
+}
+
+}  // namespace
+}  // namespace smelt
