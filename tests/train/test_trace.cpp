@@ -82,7 +82,8 @@ TEST(ChromeTrace, CollectivesGetACommunicationTrackAtTheirOwnTimes) {
 
   // Without windows (the CPU's ranks as threads, unsharded plans): no communication track.
   write_chrome_trace((folder / "without.json").string(), plan, ms);
-  for (const auto& e : read_json(folder / "without.json")["traceEvents"])
+  const nlohmann::json without = read_json(folder / "without.json");  // kept alive while iterated
+  for (const auto& e : without["traceEvents"])
     if (e.contains("tid")) EXPECT_EQ(e["tid"], 1) << e.dump();
   fs::remove_all(folder);
 }
