@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
     auto bytes = [](int64_t n, DType t) { return (size_t(n) * dtype_size(t) + 255) / 256 * 256; };
     const size_t workspace = backend.workspace_bytes(WorkspaceShape{});
     // bf16: x, dx, y (or logits), W; f32: dW; float8: copies of x, x^T, dy, dy^T, W, W^T, scales.
-    const size_t float8_bytes = float8 ? 6 * bytes(max_activation, DType::e4m3) + 6 * bytes(64, DType::f32) : 0;
+    const size_t float8_bytes = float8 ? 6 * bytes(max_activation, DType::e4m3) + 12 * bytes(8, DType::f32) : 0;
     Arena arena(backend.memory(), bytes(max_rows * max_in, DType::bf16) * 2 + bytes(max_activation, DType::bf16) +
                                       bytes(max_weight, DType::bf16) + bytes(max_weight, DType::f32) + float8_bytes +
                                       workspace);
