@@ -43,7 +43,7 @@ std::string parallel_layout(const StepPlan& plan) {
   else
     out << " (plain data parallel: every rank holds the whole model, gradients all-reduced per unit)";
   if (!plan.gather_kept.empty()) out << "; each block's gathered weights kept from its forward to its backward";
-  if (plan.weights_in_place)
+  if (plan.collectives_in_place)
     out << "; one rank per shard group: the collectives run in place (gathered weights are the local copy, "
            "gradients are written into the shard), so nothing moves";
   return out.str();

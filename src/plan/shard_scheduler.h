@@ -25,16 +25,14 @@ namespace smelt::plan_detail {
 // Without resharding after forward, each block gathers into a buffer of its own (slot 2 + block)
 // for its forward, and its backward reads it there without a gather; the embedding and the head
 // take turns in the first gather buffer.
-// With one rank per shard group the same steps run in place (StepPlan::weights_in_place,
-// gradients_in_place): the gather and reduce-scatter buffers are the unit's part of the flat
+// With one rank per shard group the same steps run in place (StepPlan::collectives_in_place): the gather and reduce-scatter buffers are the unit's part of the flat
 // weights and gradients (and, for the float8 all-gather, of the e4m3 shards), and none is planned.
 class ShardScheduler {
  public:
   ShardScheduler(PlanBuilder& builder, StepPlan& plan) : builder_(builder), plan_(plan) {
     if (!plan.data_parallel()) return;
     sharded_ = plan.sharded();
-    plan.gradients_in_place = sharded_ && plan.options.shard_degree == 1;
-    plan.weights_in_place = plan.gradients_in_place;
+    plan.collectives_in_place = sharded_ && plan.options.shard_degree == 1;
     layout_ = std::make_unique<ShardLayout>(ParameterLayout(plan.model), sharded_ ? plan.options.shard_degree : 1);
     const int layers = static_cast<int>(plan.model.n_layers);
     gradient_slot_.assign(layout_->units().size(), 0);
@@ -98,7 +96,7 @@ class ShardScheduler {
                                                  BufferClass::communication, true);
       return;
     }
-    if (!plan_.weights_in_place) {
+    if (!plan_.collectives_in_place) {
       plan_.gather_current = builder_.buffer("all-gather weights (buffer 1 of 2)", compute, Shape{gather_size_[0]},
                                              BufferClass::communication, true);
       if (gather_size_[1] > 0)
@@ -112,7 +110,7 @@ class ShardScheduler {
     for (int r = 0; r < 2; ++r) {
       if (gradient_size_[r] == 0) continue;
       const std::string which = " (buffer " + std::to_string(r + 1) + " of 2)";
-      if (!plan_.gradients_in_place)
+      if (!plan_.collectives_in_place)
         plan_.reduce_scatter[r] = builder_.buffer("reduce-scatter gradients" + which, master, Shape{gradient_size_[r]},
                                                   BufferClass::communication, true);
       if (reduce == DType::bf16 && master != DType::bf16) {
@@ -186,7 +184,7 @@ class ShardScheduler {
                                                  BufferClass::communication, true);
     plan_.float8_remainder_shard = builder_.buffer("float8 all-gather: norms shard (packed)", compute,
                                                    Shape{std::max<int64_t>(1, remainders)}, BufferClass::communication, true);
-    for (int r = 0; r < 2 && !plan_.weights_in_place; ++r) {  // in place: the shards are the gathered units
+    for (int r = 0; r < 2 && !plan_.collectives_in_place; ++r) {  // in place: the shards are the gathered units
       const std::string which = " (buffer " + std::to_string(r + 1) + " of 2)";
       plan_.float8_gather[static_cast<size_t>(r)] = builder_.buffer("all-gather float8 weights" + which, DType::e4m3,
                                                                     Shape{largest}, BufferClass::communication, true);
@@ -217,11 +215,11 @@ class ShardScheduler {
  private:
   // In place (one rank per shard group): the unit's part of the weights, or of the gradient shard.
   int gather_buffer(int slot) const {
-    if (plan_.weights_in_place) return plan_.compute_weights >= 0 ? plan_.compute_weights : plan_.parameters;
+    if (plan_.collectives_in_place) return plan_.compute_weights >= 0 ? plan_.compute_weights : plan_.parameters;
     return slot == 0 ? plan_.gather_current : slot == 1 ? plan_.gather_next : plan_.gather_kept[static_cast<size_t>(slot - 2)];
   }
   int gradient_buffer(int unit) const {
-    if (plan_.gradients_in_place) return plan_.gradients;
+    if (plan_.collectives_in_place) return plan_.gradients;
     return plan_.reduce_scatter[static_cast<size_t>(gradient_slot_[static_cast<size_t>(unit)])];
   }
   void gather(size_t k) {

@@ -159,7 +159,7 @@ struct StepPlan {
   // shards), and its gradients are written straight into its part of the gradient shard. The
   // all-gather and reduce-scatter steps remain, over those buffers, and no gather or reduce-scatter
   // buffer is planned.
-  bool weights_in_place = false, gradients_in_place = false;
+  bool collectives_in_place = false;
   int gather_current = -1, gather_next = -1;
   // Without resharding after forward (PlanOptions::reshard_after_forward false): one gather buffer
   // per block, filled for its forward and read again by its backward; gather_current then serves

@@ -129,11 +129,14 @@ class Executor {
   void transpose_float8_unit(int layer, int slot);
   void gathered_float8_states(const Step& step, std::array<Float8LinearState, kLayerWeightCount>& states) const;
   void gathered_float8_states(int layer, int slot, std::array<Float8LinearState, kLayerWeightCount>& states) const;
+  // In place both slots name the same local buffers, so the slot only matters with gather buffers.
   int gather_slot(int buffer) const { return buffer == plan_.gather_current ? 0 : 1; }
-  // Where a float8 unit's gathered e4m3 weights are: a gather buffer, or in place the shards.
+  // Where a float8 unit's gathered e4m3 weights are: a gather buffer, or in place the shards
+  // (the buffer id, for the pending-collective bookkeeping, and the unit's span of it).
   int float8_rows_buffer(int slot) const {
-    return plan_.weights_in_place ? plan_.float8_shards : plan_.float8_gather[static_cast<size_t>(slot)];
+    return plan_.collectives_in_place ? plan_.float8_shards : plan_.float8_gather[static_cast<size_t>(slot)];
   }
+  TensorView float8_unit_rows(const ShardUnit& unit, int slot) const;
 
   // Sharded execution (executor_sharded.cpp).
   void setup_sharding();  // checks the communicator against the plan, splits it for HSDP

@@ -165,16 +165,19 @@ void Executor::run_float8_gather_step(const Step& step) {
   SMELT_CHECK(false, "run_float8_gather_step: not a float8 gather step: " + step.name());
 }
 
+TensorView Executor::float8_unit_rows(const ShardUnit& unit, int slot) const {
+  return span_of(view(float8_rows_buffer(slot)), plan_.collectives_in_place ? unit.shard_offset : 0, unit.padded);
+}
+
 // The e4m3 gather of a float8 unit's shards, and of its norms (packed) beside it.
 // In place (one rank): the shards are the gathered unit, and its norms are already in the compute
-// copy, where the layer reads them (weights_in_place), so there is nothing to unpack.
+// copy, where the layer reads them (collectives_in_place), so there is nothing to unpack.
 void Executor::gather_float8_unit(const ShardUnit& unit, int slot) {
   Communicator& c = *shard_group_;
-  const bool in_place = plan_.weights_in_place;
-  const int gathered = float8_rows_buffer(slot);
-  set_pending(gathered, c,
+  const bool in_place = plan_.collectives_in_place;
+  set_pending(float8_rows_buffer(slot), c,
               c.all_gather(span_of(view(plan_.float8_shards), unit.shard_offset, unit.shard),
-                           span_of(view(gathered), in_place ? unit.shard_offset : 0, unit.padded)));
+                           float8_unit_rows(unit, slot)));
   if (unit.remainder > 0) {
     int64_t offset = 0;
     for (const ShardUnit& u : shard_layout_->units()) {
@@ -238,7 +241,7 @@ void Executor::gathered_float8_states(const Step& step, std::array<Float8LinearS
 void Executor::gathered_float8_states(int layer, int slot, std::array<Float8LinearState, kLayerWeightCount>& states) const {
   const ShardUnit& unit = shard_layout_->unit(shard_layout_->block_unit(layer));
   if (!unit.float8_gathered()) return;
-  const TensorView rows = span_of(view(float8_rows_buffer(slot)), plan_.weights_in_place ? unit.shard_offset : 0, unit.padded);
+  const TensorView rows = float8_unit_rows(unit, slot);
   const TensorView transposed = view(plan_.float8_gather_transposed);
   const TensorView scales = view(plan_.float8_gather_scales);
   const Float8Recipe recipe = plan_.options.float8.recipe;

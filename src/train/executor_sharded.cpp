@@ -78,7 +78,7 @@ void Executor::wait_pending(int buffer) {
 }
 
 TensorView Executor::unit_buffer(int buffer, const ShardUnit& unit) const {
-  // In place (StepPlan::weights_in_place, gradients_in_place): the unit's part of a flat local
+  // In place (StepPlan::collectives_in_place): the unit's part of a flat local
   // buffer, which at one rank per shard group is the whole unit; otherwise a gather or
   // reduce-scatter buffer holding one unit from its start.
   const bool local = buffer == plan_.parameters || buffer == plan_.compute_weights || buffer == plan_.gradients;
@@ -238,7 +238,7 @@ void Executor::gather_from_shards(int buffer, float* host) {
   Communicator& c = *shard_group_;  // every shard group holds the whole model (HSDP: identical replicas)
   finish_collectives();
   const TensorView local = view(buffer);
-  if (plan_.gradients_in_place) {
+  if (plan_.collectives_in_place) {
     SMELT_CHECK(shard_layout_->ranks() == 1, "gather_from_shards: in place needs one rank per shard group");
     if (!host) return;
     std::vector<double> shards(static_cast<size_t>(local.numel()));

@@ -233,9 +233,8 @@ TEST(ShardedPlan, OneRankShardGroupsRunTheSameCollectivesInPlace) {
   c.shard_single_rank = true;
   const StepPlan one = build_step_plan(model, testing::sharded_plan_options(model, c, 2, 1, *backend));
   const StepPlan two = plan_for(model, 2);
-  EXPECT_TRUE(one.weights_in_place);
-  EXPECT_TRUE(one.gradients_in_place);
-  EXPECT_FALSE(two.weights_in_place || two.gradients_in_place);
+  EXPECT_TRUE(one.collectives_in_place);
+  EXPECT_FALSE(two.collectives_in_place);
   EXPECT_EQ(one.gather_current, -1);
   EXPECT_EQ(one.reduce_scatter[0], -1);
   EXPECT_EQ(one.bytes_of(BufferClass::communication), 0u);
@@ -269,8 +268,7 @@ TEST(ShardedPlan, OneRankShardGroupsRunTheSameCollectivesInPlace) {
   float8.float8 = Float8Recipe::tensorwise;
   float8.float8_all_gather = true;
   const StepPlan e4m3 = build_step_plan(model, testing::sharded_plan_options(model, float8, 2, 1, *backend));
-  EXPECT_TRUE(e4m3.weights_in_place);
-  EXPECT_TRUE(e4m3.gradients_in_place);
+  EXPECT_TRUE(e4m3.collectives_in_place);
   EXPECT_TRUE(e4m3.float8_gathered());  // the e4m3 shards, gathered in place
   EXPECT_EQ(e4m3.gather_current, -1);
   EXPECT_EQ(e4m3.float8_gather[0], -1);

@@ -236,7 +236,7 @@ TEST(Float8AllGather, TwoRanksMatchOneRankWithinFloat8Noise) {
 }
 
 // At one rank the float8 all-gather runs in place in the e4m3 shards (W^T from their codes) and
-// the bf16 gather in the compute copy (StepPlan::weights_in_place). The two still agree to the
+// the bf16 gather in the compute copy (StepPlan::collectives_in_place). The two still agree to the
 // bit, as at two ranks.
 TEST(Float8AllGather, OneRankInE4m3AndInPlaceInBf16AgreeToTheBit) {
   ShardedCase c{.policy = "selective-op", .compute = DType::bf16, .float8 = Float8Recipe::tensorwise};
