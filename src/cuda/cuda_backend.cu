@@ -124,6 +124,7 @@ void check_cudnn(cudnnStatus_t status, const char* call) {
 struct CudaBackendState {
   CudaMemoryResource memory;
   CudaAttention attention = CudaAttention::automatic;
+  int device = 0;
   cuda::CudaContext context;
   std::unique_ptr<cuda::OpCache> gemm_cache;
   std::unique_ptr<cuda::OpCache> attention_cache;
@@ -139,6 +140,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : state_(std::make_u
                                 " devices; run on a machine with a GPU or use the CPU backend (--backend cpu)");
   SMELT_CUDA_CHECK(cudaSetDevice(options.device));
   state_->attention = options.attention;
+  state_->device = options.device;
   auto& context = state_->context;
   SMELT_CUDA_CHECK(cudaDeviceGetAttribute(&context.multiprocessors, cudaDevAttrMultiProcessorCount, options.device));
   SMELT_CUDA_CHECK(cudaStreamCreateWithFlags(&context.stream, cudaStreamNonBlocking));
@@ -150,6 +152,12 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : state_(std::make_u
   context.gemm_cache = state_->gemm_cache.get();
   context.gemm_autotune = options.gemm_autotune;
   context.attention_cache = state_->attention_cache.get();
+}
+
+std::string CudaBackend::pci_bus_id() const {
+  char id[32] = {};
+  if (cudaDeviceGetPCIBusId(id, sizeof id, state_->device) != cudaSuccess) return {};
+  return id;
 }
 
 CudaBackend::~CudaBackend() {

@@ -31,6 +31,8 @@ class Backend {
   virtual std::string name() const = 0;
   virtual Device device() const = 0;
   virtual MemoryResource& memory() = 0;
+  // The GPU's PCI bus id ("0000:18:00.0"), to find it in NVML; empty on the CPU.
+  virtual std::string pci_bus_id() const { return {}; }
 
   virtual size_t workspace_bytes(const WorkspaceShape& shape) const = 0;
   virtual void set_workspace(TensorView workspace) = 0;

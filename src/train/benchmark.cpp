@@ -14,6 +14,7 @@
 #include "core/random.h"
 #include "plan/plan_report.h"
 #include "train/backends.h"
+#include "train/device_monitor.h"
 #include "train/executor.h"
 #include "train/metrics.h"
 #include "train/run_setup.h"
@@ -118,8 +119,10 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   std::vector<std::pair<double, double>> windows(plan.steps.size(), {0.0, 0.0});
   std::vector<int> windowed(plan.steps.size(), 0);
   const bool tracing = !options.trace_path.empty();
+  DeviceMonitor monitor(backend->pci_bus_id());
   for (int64_t step = 1; step <= options.warmup + options.steps; ++step) {
     optimizer.step = step;
+    if (step == options.warmup + 1) monitor.start();
     if (tracing && step == options.warmup + 1) executor.enable_timing(true);
     const auto start = clock::now();
     executor.run(optimizer);
@@ -143,6 +146,14 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
     log << "  step " << step << (step <= options.warmup ? " (warm-up)" : "") << ": " << ms << " ms, loss " << loss
         << "\n" << std::flush;
   }
+  const DeviceReport device = monitor.stop();
+  if (backend->device() == Device::cuda) log << describe_device_report(device) << "\n";
+  r.sm_clock_mhz = device.sm_clock_mhz;
+  r.sm_clock_max_mhz = device.sm_clock_max_mhz;
+  r.power_watts = device.power_watts;
+  r.power_limit_watts = device.power_limit_watts;
+  r.power_capped = device.power_capped;
+  r.temperature_c = device.temperature_c;
   if (tracing && options.report) {
     for (size_t i = 0; i < windows.size(); ++i)  // means over the traced steps
       windows[i] = windowed[i] == 0 ? std::pair{-1.0, -1.0}
@@ -191,7 +202,13 @@ nlohmann::json bench_to_json(const BenchResult& r) {
           {"predicted_bytes", r.predicted_bytes},
           {"measured_bytes", r.measured_bytes},
           {"first_loss", r.first_loss},
-          {"last_loss", r.last_loss}};
+          {"last_loss", r.last_loss},
+          {"sm_clock_mhz", r.sm_clock_mhz},
+          {"sm_clock_max_mhz", r.sm_clock_max_mhz},
+          {"power_watts", r.power_watts},
+          {"power_limit_watts", r.power_limit_watts},
+          {"power_capped", r.power_capped},
+          {"temperature_c", r.temperature_c}};
 }
 
 BenchResult bench_from_json(const nlohmann::json& j) {
@@ -213,6 +230,12 @@ BenchResult bench_from_json(const nlohmann::json& j) {
   r.measured_bytes = j.value("measured_bytes", size_t{0});
   r.first_loss = j.value("first_loss", 0.0);
   r.last_loss = j.value("last_loss", 0.0);
+  r.sm_clock_mhz = j.value("sm_clock_mhz", 0.0);
+  r.sm_clock_max_mhz = j.value("sm_clock_max_mhz", 0.0);
+  r.power_watts = j.value("power_watts", 0.0);
+  r.power_limit_watts = j.value("power_limit_watts", 0.0);
+  r.power_capped = j.value("power_capped", 0.0);
+  r.temperature_c = j.value("temperature_c", 0.0);
   return r;
 }
 

@@ -34,6 +34,11 @@ struct BenchResult {
   size_t predicted_bytes = 0;     // the arena the plan sized
   size_t measured_bytes = 0;      // device memory the run took, from the driver (CPU: the arena)
   double first_loss = 0, last_loss = 0;
+  // The GPU during the timed steps (DeviceMonitor; zeros when it could not be sampled).
+  double sm_clock_mhz = 0, sm_clock_max_mhz = 0;  // median, and the device's maximum
+  double power_watts = 0, power_limit_watts = 0;  // median, and the enforced limit
+  double power_capped = 0;                         // fraction of samples held back by the power cap
+  double temperature_c = 0;                        // highest
 };
 
 BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, std::ostream& log);

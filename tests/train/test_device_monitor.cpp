@@ -1,0 +1,87 @@
+// The benchmark's GPU monitor: its summary of clock, power and temperature samples against a
+// count made here, and its refusal to sample where there is no GPU to name.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "core/random.h"
+#include "train/device_monitor.h"
+
+namespace smelt {
+namespace {
+
+TEST(DeviceMonitor, SummaryMatchesMediansMaximaAndReasonCountsTakenHere) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Random random(seed);
+  for (int count : {1, 2, 7, 40, 41}) {
+    std::vector<DeviceSample> samples(static_cast<size_t>(count));
+    const uint64_t reason_bits[] = {clock_reason::kIdle, clock_reason::kSoftwarePowerCap, clock_reason::kHardwareSlowdown,
+                                    clock_reason::kSoftwareThermal, clock_reason::kHardwareThermal,
+                                    clock_reason::kPowerBrake};
+    for (auto& s : samples) {
+      s.sm_clock_mhz = std::round(random.uniform(900, 1980));
+      s.power_watts = random.uniform(80, 700);
+      s.temperature_c = std::round(random.uniform(30, 85));
+      for (uint64_t bit : reason_bits)
+        if (random.uniform() < 0.3) s.reasons |= bit;
+    }
+    const double max_clock = random.uniform(1500, 2100), limit = random.uniform(300, 700);
+    const DeviceReport r = summarize_device_samples(samples, max_clock, limit);
+
+    std::vector<double> clocks, power;
+    double hottest = -1;
+    int capped = 0, thermal = 0;
+    for (const auto& s : samples) {
+      clocks.push_back(s.sm_clock_mhz);
+      power.push_back(s.power_watts);
+      hottest = std::max(hottest, s.temperature_c);
+      capped += (s.reasons & 0x84) != 0;   // software power cap, power brake
+      thermal += (s.reasons & 0x60) != 0;  // software and hardware thermal slowdown
+    }
+    std::sort(clocks.begin(), clocks.end());
+    std::sort(power.begin(), power.end());
+    const size_t n = clocks.size();
+    const double clock_median = n % 2 ? clocks[n / 2] : (clocks[n / 2 - 1] + clocks[n / 2]) / 2;
+    const double power_median = n % 2 ? power[n / 2] : (power[n / 2 - 1] + power[n / 2]) / 2;
+    EXPECT_TRUE(r.available());
+    EXPECT_EQ(r.samples, count);
+    EXPECT_DOUBLE_EQ(r.sm_clock_mhz, clock_median) << count << " samples";
+    EXPECT_DOUBLE_EQ(r.power_watts, power_median) << count << " samples";
+    EXPECT_DOUBLE_EQ(r.temperature_c, hottest);
+    EXPECT_DOUBLE_EQ(r.power_capped, double(capped) / count);
+    EXPECT_DOUBLE_EQ(r.thermal, double(thermal) / count);
+    EXPECT_DOUBLE_EQ(r.sm_clock_max_mhz, max_clock);
+    EXPECT_DOUBLE_EQ(r.power_limit_watts, limit);
+    const std::string line = describe_device_report(r);
+    EXPECT_NE(line.find(std::to_string(count) + " samples"), std::string::npos) << line;
+  }
+}
+
+TEST(DeviceMonitor, NoSamplesIsSaidNotReportedAsZeros) {
+  const DeviceReport r = summarize_device_samples({}, 1980, 700);
+  EXPECT_FALSE(r.available());
+  EXPECT_FALSE(r.unavailable.empty());
+  EXPECT_NE(describe_device_report(r).find("not sampled"), std::string::npos);
+}
+
+TEST(DeviceMonitor, WithoutAGpuToNameItSamplesNothingAndSaysWhy) {
+  DeviceMonitor cpu("");
+  EXPECT_FALSE(cpu.available());
+  cpu.start();  // a no-op
+  const DeviceReport r = cpu.stop();
+  EXPECT_FALSE(r.available());
+  EXPECT_NE(r.unavailable.find("not a GPU run"), std::string::npos) << r.unavailable;
+
+  // A bus id no GPU has: without NVML (CI) or with it (a GPU machine), nothing to sample.
+  DeviceMonitor nowhere("0000:ff:1f.7");
+  EXPECT_FALSE(nowhere.available());
+  nowhere.start();
+  const DeviceReport none = nowhere.stop();
+  EXPECT_FALSE(none.available());
+  EXPECT_FALSE(none.unavailable.empty());
+}
+
+}  // namespace
+}  // namespace smelt
