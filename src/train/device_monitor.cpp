@@ -156,6 +156,18 @@ DeviceReport DeviceMonitor::stop() {
   return summarize_device_samples(samples_, sm_clock_max_mhz_, power_limit_watts_);
 }
 
+DeviceReport DeviceMonitor::take() {
+  if (!available()) {
+    DeviceReport r;
+    r.unavailable = unavailable_;
+    return r;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  DeviceReport r = summarize_device_samples(samples_, sm_clock_max_mhz_, power_limit_watts_);
+  samples_.clear();
+  return r;
+}
+
 void DeviceMonitor::sample_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (running_) {

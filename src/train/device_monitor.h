@@ -61,7 +61,8 @@ class DeviceMonitor {
 
   bool available() const { return unavailable_.empty(); }
   void start();          // begins sampling (no-op when unavailable or already sampling)
-  DeviceReport stop();   // ends sampling and summarizes what it saw since start()
+  DeviceReport stop();   // ends sampling and summarizes what it saw since start() (or take())
+  DeviceReport take();   // summarizes the samples since start() or the last take(), sampling on
 
  private:
   void sample_loop();

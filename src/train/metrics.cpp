@@ -32,6 +32,8 @@ void MetricsLog::write(const StepMetrics& m) {
   j["memory_gib"] = m.memory_gib;
   j["elapsed_seconds"] = m.elapsed_seconds;
   if (m.validation_loss >= 0) j["validation_loss"] = m.validation_loss;
+  if (m.sm_clock_mhz >= 0) j["sm_clock_mhz"] = m.sm_clock_mhz;
+  if (m.power_watts >= 0) j["power_watts"] = m.power_watts;
   if (m.communication_bytes >= 0) {
     j["ranks"] = m.ranks;
     j["gather_dtype"] = m.gather_dtype;
@@ -52,6 +54,11 @@ std::string MetricsLog::console_line(const StepMetrics& m) {
                         static_cast<long long>(m.step), m.loss, m.grad_norm, m.lr, m.memory_gib, m.tokens_per_second,
                         m.tflops, mfu);
   std::string out(line, static_cast<size_t>(n));
+  if (m.sm_clock_mhz >= 0 && m.power_watts >= 0) {
+    char g[64];
+    std::snprintf(g, sizeof g, "  gpu: %.0f MHz %.0f W", m.sm_clock_mhz, m.power_watts);
+    out += g;
+  }
   if (m.validation_loss >= 0) {
     char v[48];
     std::snprintf(v, sizeof v, "  val_loss: %7.4f", m.validation_loss);

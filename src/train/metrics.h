@@ -21,6 +21,8 @@ struct StepMetrics {
   double memory_gib = 0;      // arena size
   double elapsed_seconds = 0;
   double validation_loss = -1;  // < 0 when not measured at this step
+  // The GPU over the interval (medians of DeviceMonitor samples); < 0 when not sampled.
+  double sm_clock_mhz = -1, power_watts = -1;
   // Sharded runs (empty / < 0 otherwise): per GPU, the dtypes weights are gathered and gradients
   // reduced in, and the bytes the step's all-gathers and reduce-scatters hold.
   std::string gather_dtype, reduce_dtype;

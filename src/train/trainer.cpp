@@ -12,6 +12,7 @@
 #include "plan/plan_report.h"
 #include "train/backends.h"
 #include "train/checkpoint.h"
+#include "train/device_monitor.h"
 #include "train/executor.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
@@ -176,6 +177,8 @@ TrainResult train(const JobConfig& config, std::ostream& log, Communicator* comm
     if (due) previous_end = clock::now();
   };
   StepGuard guard(config.training, progress);
+  DeviceMonitor monitor(backend->pci_bus_id(), 100);  // the GPU's clock and power per logged interval
+  monitor.start();
   MetricsLog metrics(ranks.leader() ? result.run_folder + "/metrics.jsonl" : "", /*append=*/progress.step > 0);
   std::unique_ptr<TensorBoardWriter> tensorboard;
   if (config.metrics.enable_tensorboard && ranks.leader()) {
@@ -229,6 +232,10 @@ TrainResult train(const JobConfig& config, std::ostream& log, Communicator* comm
     m.mfu_percent = on_gpu ? 100.0 * m.tflops / kHopperPeakTflops : -1;
     m.memory_gib = static_cast<double>(executor.arena().size()) / double(1ull << 30);
     m.elapsed_seconds = std::chrono::duration<double>(now - start).count();
+    if (const DeviceReport gpu = monitor.take(); gpu.available()) {
+      m.sm_clock_mhz = gpu.sm_clock_mhz;
+      m.power_watts = gpu.power_watts;
+    }
     if (plan.data_parallel()) {
       m.ranks = ranks.world_size;
       m.gather_dtype = std::string(dtype_name(communication.gather_dtype));
@@ -250,6 +257,8 @@ TrainResult train(const JobConfig& config, std::ostream& log, Communicator* comm
       tensorboard->scalar("throughput/tflops", m.tflops, step);
       if (m.mfu_percent >= 0) tensorboard->scalar("throughput/mfu_percent", m.mfu_percent, step);
       tensorboard->scalar("memory/arena_gib", m.memory_gib, step);
+      if (m.sm_clock_mhz >= 0) tensorboard->scalar("gpu/sm_clock_mhz", m.sm_clock_mhz, step);
+      if (m.power_watts >= 0) tensorboard->scalar("gpu/power_watts", m.power_watts, step);
       tensorboard->flush();
     }
     log << rank_label(ranks) << MetricsLog::console_line(m) << "\n" << std::flush;

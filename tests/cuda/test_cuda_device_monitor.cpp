@@ -19,15 +19,24 @@ TEST_F(CudaDeviceMonitor, SamplesTheBackendsGpuWithinItsLimits) {
   const int64_t n = 1024;
   TensorView a = upload(random_tensor(DType::bf16, Shape{n, n}, 11)), b = upload(random_tensor(DType::bf16, Shape{n, n}, 12));
   TensorView c = poisoned(DType::f32, Shape{n, n});
+  auto load = [&](int milliseconds) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(milliseconds);
+    while (std::chrono::steady_clock::now() < until) {
+      for (int i = 0; i < 20; ++i) cuda_->gemm({a, false, b, true, c, {}, false, {}, {}});
+      cuda_->synchronize();
+    }
+  };
   monitor.start();
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
-  while (std::chrono::steady_clock::now() < until) {
-    for (int i = 0; i < 20; ++i) cuda_->gemm({a, false, b, true, c, {}, false, {}, {}});
-    cuda_->synchronize();
-  }
+  load(150);
+  const DeviceReport first = monitor.take();  // a window; sampling goes on
+  load(150);
   const DeviceReport r = monitor.stop();
+  ASSERT_TRUE(first.available()) << first.unavailable;
+  EXPECT_GE(first.samples, 5);
+  EXPECT_LE(first.samples, 150 / 5 + 10);  // the window held only its own samples
   ASSERT_TRUE(r.available()) << r.unavailable;
-  EXPECT_GE(r.samples, 10);
+  EXPECT_GE(r.samples, 5);
+  EXPECT_LE(r.samples, 150 / 5 + 10);
   EXPECT_GT(r.sm_clock_max_mhz, 0);
   EXPECT_GT(r.sm_clock_mhz, 0);
   EXPECT_LE(r.sm_clock_mhz, r.sm_clock_max_mhz);

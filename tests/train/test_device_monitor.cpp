@@ -3,10 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "core/random.h"
 #include "train/device_monitor.h"
+#include "train/metrics.h"
 
 namespace smelt {
 namespace {
@@ -70,6 +75,9 @@ TEST(DeviceMonitor, WithoutAGpuToNameItSamplesNothingAndSaysWhy) {
   DeviceMonitor cpu("");
   EXPECT_FALSE(cpu.available());
   cpu.start();  // a no-op
+  const DeviceReport window = cpu.take();
+  EXPECT_FALSE(window.available());
+  EXPECT_NE(window.unavailable.find("not a GPU run"), std::string::npos) << window.unavailable;
   const DeviceReport r = cpu.stop();
   EXPECT_FALSE(r.available());
   EXPECT_NE(r.unavailable.find("not a GPU run"), std::string::npos) << r.unavailable;
@@ -81,6 +89,40 @@ TEST(DeviceMonitor, WithoutAGpuToNameItSamplesNothingAndSaysWhy) {
   const DeviceReport none = nowhere.stop();
   EXPECT_FALSE(none.available());
   EXPECT_FALSE(none.unavailable.empty());
+}
+
+// The training log line and JSONL carry the GPU's clock and power when they were sampled, and
+// leave them out when they were not.
+TEST(DeviceMonitor, MetricsCarryTheGpuOnlyWhenSampled) {
+  StepMetrics m;
+  m.step = 7;
+  m.loss = 2.5;
+  EXPECT_EQ(MetricsLog::console_line(m).find("gpu:"), std::string::npos);
+  const uint64_t seed = std::random_device{}();
+  Random random(seed);
+  m.sm_clock_mhz = std::round(random.uniform(1000, 1980));
+  m.power_watts = std::round(random.uniform(100, 700));
+  const std::string line = MetricsLog::console_line(m);
+  char expected[64];
+  std::snprintf(expected, sizeof expected, "gpu: %.0f MHz %.0f W", m.sm_clock_mhz, m.power_watts);
+  EXPECT_NE(line.find(expected), std::string::npos) << line;
+
+  const auto path = std::filesystem::temp_directory_path() / ("smelt_metrics_" + std::to_string(seed) + ".jsonl");
+  {
+    MetricsLog log(path.string());
+    log.write(m);
+    m.sm_clock_mhz = m.power_watts = -1;
+    log.write(m);
+  }
+  std::ifstream in(path);
+  std::string first, second;
+  std::getline(in, first);
+  std::getline(in, second);
+  std::filesystem::remove(path);
+  EXPECT_NE(first.find("\"sm_clock_mhz\""), std::string::npos) << first;
+  EXPECT_NE(first.find("\"power_watts\""), std::string::npos) << first;
+  EXPECT_EQ(second.find("sm_clock_mhz"), std::string::npos) << second;
+  EXPECT_EQ(second.find("power_watts"), std::string::npos) << second;
 }
 
 }  // namespace
