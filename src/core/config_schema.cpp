@@ -169,8 +169,9 @@ std::vector<ConfigField> config_schema() {
            "activation and compute-weight dtype", one_of({"float32", "bfloat16"})),
       bind("training", "loss_chunk_tokens", &C::training, &TrainingSection::loss_chunk_tokens,
            "rows of the output projection computed at once: each doubling adds a chunk of bf16 logits "
-           "(V x chunk) and halves the passes over the output projection's f32 gradient",
-           at_least(1)),
+           "(V x chunk) and halves the passes over the output projection's f32 gradient; 0 (default): "
+           "the largest of 2048, 4096 and 8192 that does not raise the step's peak above 2048's",
+           at_least(0)),
       bind("training", "cuda_graph", &C::training, &TrainingSection::cuda_graph,
            "CUDA: capture the forward and backward once as a CUDA graph and replay it every step"),
       bind("training", "gemm_autotune", &C::training, &TrainingSection::gemm_autotune,

@@ -26,7 +26,8 @@ std::string plan_summary_line(const StepPlan& plan) {
   std::ostringstream out;
   out << plan.options.policy.str() << ", " << dtype_name(plan.options.compute_dtype) << ", "
       << plan.options.shape.tokens() << " tokens/step (batch " << plan.options.shape.batch << " x seq "
-      << plan.options.shape.seq_len << "), " << plan.steps.size() << " steps, arena "
+      << plan.options.shape.seq_len << "), loss chunk " << plan.options.loss_chunk_tokens << ", "
+      << plan.steps.size() << " steps, arena "
       << format_bytes(plan.memory.arena_bytes) << " (peak at '" << plan.steps[plan.memory.peak_step].name() << "')";
   return out.str();
 }

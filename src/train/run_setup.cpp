@@ -9,6 +9,7 @@
 #include "dist/launch_environment.h"
 #include "ops/cuda_workspace.h"
 #include "plan/auto_policy.h"
+#include "plan/loss_chunk.h"
 
 namespace smelt {
 
@@ -85,7 +86,9 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   o.shape.seq_len = config.training.seq_len;
   o.compute_dtype = parse_dtype(config.training.mixed_precision_param);
   o.policy = parse_checkpoint_policy(config.activation_checkpoint.mode);
-  o.loss_chunk_tokens = config.training.loss_chunk_tokens;
+  // 0: the base chunk while the checkpointing policy is chosen, grown below where it costs no memory.
+  o.loss_chunk_tokens = config.training.loss_chunk_tokens > 0 ? config.training.loss_chunk_tokens
+                                                               : std::min(kBaseLossChunkTokens, o.shape.tokens());
   o.float8.recipe = parse_float8_recipe(config.float8.recipe);
   o.float8.filter_fqns = config.float8.filter_fqns;
   o.float8.save_inputs_in_float8 = config.float8.save_inputs_in_float8;
@@ -126,6 +129,7 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
       fail(ErrorKind::memory, does_not_fit_message(plan, setup.memory_budget_bytes,
                                                    changes_that_fit(setup.model, o, setup.memory_budget_bytes, cost)));
   }
+  if (config.training.loss_chunk_tokens == 0) o.loss_chunk_tokens = choose_loss_chunk(setup.model, o);
   return setup;
 }
 
