@@ -25,8 +25,9 @@ namespace smelt::plan_detail {
 // Without resharding after forward, each block gathers into a buffer of its own (slot 2 + block)
 // for its forward, and its backward reads it there without a gather; the embedding and the head
 // take turns in the first gather buffer.
-// With one rank per shard group the same steps run in place (StepPlan::collectives_in_place): the gather and reduce-scatter buffers are the unit's part of the flat
-// weights and gradients (and, for the float8 all-gather, of the e4m3 shards), and none is planned.
+// With one rank per shard group the same steps run in place (StepPlan::collectives_in_place): the
+// gather and reduce-scatter buffers are the unit's part of the flat weights and gradients (and,
+// for the float8 all-gather, of the e4m3 shards), and none is planned.
 class ShardScheduler {
  public:
   ShardScheduler(PlanBuilder& builder, StepPlan& plan) : builder_(builder), plan_(plan) {

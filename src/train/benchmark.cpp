@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/median.h"
 #include "core/random.h"
 #include "plan/plan_report.h"
 #include "train/backends.h"
@@ -173,12 +174,10 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   }
   r.measured_bytes = backend->device() == Device::cuda ? free_before - free_after : executor.arena().size();
 
-  std::vector<double> sorted = milliseconds;
-  std::sort(sorted.begin(), sorted.end());
-  const size_t n = sorted.size();
-  r.step_ms = n == 0 ? 0 : (n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]));
-  r.step_ms_min = n ? sorted.front() : 0;
-  r.step_ms_max = n ? sorted.back() : 0;
+  r.step_ms = median(milliseconds);
+  const auto [fastest, slowest] = std::minmax_element(milliseconds.begin(), milliseconds.end());
+  r.step_ms_min = milliseconds.empty() ? 0 : *fastest;
+  r.step_ms_max = milliseconds.empty() ? 0 : *slowest;
   r.tokens_per_second = r.step_ms > 0 ? static_cast<double>(shape.tokens()) / (r.step_ms / 1e3) : 0;
   r.tflops = r.tokens_per_second * setup.model.training_flops_per_token(shape.seq_len) / 1e12;
   r.mfu_percent = 100.0 * r.tflops / kHopperPeakTflops;

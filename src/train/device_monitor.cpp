@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <type_traits>
 
+#include "core/median.h"
+
 namespace smelt {
 
 // The few NVML entry points the monitor calls, declared here so that building needs no NVML
@@ -60,17 +62,6 @@ class Nvml {
     return std::shared_ptr<Nvml>(nvml.get(), [nvml](Nvml*) { nvml->shutdown(); });
   }
 };
-
-namespace {
-
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
-}  // namespace
 
 DeviceReport summarize_device_samples(const std::vector<DeviceSample>& samples, double sm_clock_max_mhz,
                                       double power_limit_watts) {
@@ -147,13 +138,7 @@ DeviceReport DeviceMonitor::stop() {
     wake_.notify_all();
     thread_.join();
   }
-  if (!available()) {
-    DeviceReport r;
-    r.unavailable = unavailable_;
-    return r;
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
-  return summarize_device_samples(samples_, sm_clock_max_mhz_, power_limit_watts_);
+  return take();
 }
 
 DeviceReport DeviceMonitor::take() {

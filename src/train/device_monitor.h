@@ -61,7 +61,7 @@ class DeviceMonitor {
 
   bool available() const { return unavailable_.empty(); }
   void start();          // begins sampling (no-op when unavailable or already sampling)
-  DeviceReport stop();   // ends sampling and summarizes what it saw since start() (or take())
+  DeviceReport stop();   // ends sampling, then as take(): what it saw since start() or the last take()
   DeviceReport take();   // summarizes the samples since start() or the last take(), sampling on
 
  private:

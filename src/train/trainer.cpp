@@ -8,6 +8,7 @@
 #include <memory>
 #include <ostream>
 
+#include "core/median.h"
 #include "data/loader.h"
 #include "plan/plan_report.h"
 #include "train/backends.h"
@@ -25,13 +26,6 @@
 namespace smelt {
 
 namespace {
-
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  size_t mid = values.size() / 2;
-  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
-}
 
 // Forward-only pass over `batches` validation batches: the forward steps, the
 // final norm, the output head and the loss. Gradients it touches are rewritten by
