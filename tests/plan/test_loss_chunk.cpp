@@ -6,20 +6,15 @@
 #include <random>
 
 #include "core/random.h"
+#include "model/model_fixture.h"
 #include "plan/loss_chunk.h"
 
 namespace smelt {
 namespace {
 
+// A debugmodel-flavoured Llama, its FFN width derived from dim as the preset does.
 ModelConfig model_of(int64_t dim, int64_t layers, int64_t vocabulary) {
-  ModelSection section;
-  section.flavor = "debugmodel";
-  section.dim = dim;
-  section.n_layers = layers;
-  section.n_heads = 4;
-  section.n_kv_heads = 2;
-  section.vocab_size = vocabulary;
-  return make_model_config(section, 0);
+  return testing::debug_model(dim, layers, /*ffn_dim=*/0, vocabulary);
 }
 
 PlanOptions options_of(int64_t batch, int64_t seq, const std::string& policy) {
