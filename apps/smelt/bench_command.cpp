@@ -88,18 +88,19 @@ std::string table_row(const std::string& cell, const BenchResult* r, const std::
     std::snprintf(line, sizeof line, "| %-52s | %s |\n", cell.c_str(), failure.c_str());
     return line;
   }
-  char clock[16] = "-", power[16] = "-";  // the GPU while timed (zero: not sampled)
+  char clock[16] = "-", power[16] = "-", energy[16] = "-";  // the GPU while timed (zero: not sampled)
   if (r->sm_clock_mhz > 0) std::snprintf(clock, sizeof clock, "%.0f", r->sm_clock_mhz);
   if (r->power_watts > 0) std::snprintf(power, sizeof power, "%.0f", r->power_watts);
-  std::snprintf(line, sizeof line, "| %-52s | %10.0f | %7.1f | %5.1f%% | %8.1f | %9.2f | %9.2f | %6s | %4s |\n",
+  if (r->joules_per_step > 0) std::snprintf(energy, sizeof energy, "%.1f", r->joules_per_step);
+  std::snprintf(line, sizeof line, "| %-52s | %10.0f | %7.1f | %5.1f%% | %8.1f | %9.2f | %9.2f | %6s | %4s | %6s |\n",
                 cell.c_str(), r->tokens_per_second, r->tflops, r->mfu_percent, r->step_ms, r->predicted_bytes / 1e9,
-                r->measured_bytes / 1e9, clock, power);
+                r->measured_bytes / 1e9, clock, power, energy);
   return line;
 }
 
 const char* kTableHeader =
-    "| configuration                                        | tokens/s   | TFLOPS  | MFU    | step ms  | plan GB   | driver GB | SM MHz | W    |\n"
-    "|------------------------------------------------------|-----------:|--------:|-------:|---------:|----------:|----------:|-------:|-----:|\n";
+    "| configuration                                        | tokens/s   | TFLOPS  | MFU    | step ms  | plan GB   | driver GB | SM MHz | W    | J/step |\n"
+    "|------------------------------------------------------|-----------:|--------:|-------:|---------:|----------:|----------:|-------:|-----:|-------:|\n";
 
 }  // namespace
 

@@ -155,6 +155,11 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   r.power_limit_watts = device.power_limit_watts;
   r.power_capped = device.power_capped;
   r.temperature_c = device.temperature_c;
+  if (device.has_energy() && options.steps > 0) {
+    r.joules_per_step = device.energy_joules / static_cast<double>(options.steps);
+    r.tokens_per_joule = static_cast<double>(shape.tokens()) / r.joules_per_step;
+    log << "energy: " << r.joules_per_step << " J per step, " << r.tokens_per_joule << " tokens per joule\n";
+  }
   if (tracing && options.report) {
     for (size_t i = 0; i < windows.size(); ++i)  // means over the traced steps
       windows[i] = windowed[i] == 0 ? std::pair{-1.0, -1.0}
@@ -207,7 +212,9 @@ nlohmann::json bench_to_json(const BenchResult& r) {
           {"power_watts", r.power_watts},
           {"power_limit_watts", r.power_limit_watts},
           {"power_capped", r.power_capped},
-          {"temperature_c", r.temperature_c}};
+          {"temperature_c", r.temperature_c},
+          {"joules_per_step", r.joules_per_step},
+          {"tokens_per_joule", r.tokens_per_joule}};
 }
 
 BenchResult bench_from_json(const nlohmann::json& j) {
@@ -235,6 +242,8 @@ BenchResult bench_from_json(const nlohmann::json& j) {
   r.power_limit_watts = j.value("power_limit_watts", 0.0);
   r.power_capped = j.value("power_capped", 0.0);
   r.temperature_c = j.value("temperature_c", 0.0);
+  r.joules_per_step = j.value("joules_per_step", 0.0);
+  r.tokens_per_joule = j.value("tokens_per_joule", 0.0);
   return r;
 }
 

@@ -39,6 +39,10 @@ struct BenchResult {
   double power_watts = 0, power_limit_watts = 0;  // median, and the enforced limit
   double power_capped = 0;                         // fraction of samples held back by the power cap
   double temperature_c = 0;                        // highest
+  // The device's energy counter over the timed steps, per step (0: no counter). Under a power
+  // cap, tokens per joule is what an optimisation has to raise.
+  double joules_per_step = 0;
+  double tokens_per_joule = 0;
 };
 
 BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, std::ostream& log);

@@ -25,6 +25,7 @@ class Nvml {
   int (*power_limit)(Device, unsigned*) = nullptr;     // nvmlDeviceGetEnforcedPowerLimit, milliwatts
   int (*temperature)(Device, int, unsigned*) = nullptr;
   int (*reasons)(Device, unsigned long long*) = nullptr;
+  int (*energy)(Device, unsigned long long*) = nullptr;  // nvmlDeviceGetTotalEnergyConsumption, mJ; optional
   static constexpr int kClockSm = 1, kTemperatureGpu = 0;
 
   // Loads the library and initializes it; on failure `error` says why.
@@ -51,6 +52,7 @@ class Nvml {
     find(nvml->power_limit, "nvmlDeviceGetEnforcedPowerLimit");
     find(nvml->temperature, "nvmlDeviceGetTemperature");
     find(nvml->reasons, "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons");
+    nvml->energy = reinterpret_cast<decltype(nvml->energy)>(dlsym(library, "nvmlDeviceGetTotalEnergyConsumption"));
     if (!complete) {
       error = "this NVML lacks an entry point the monitor needs (an old driver?)";
       return nullptr;
@@ -91,13 +93,19 @@ DeviceReport summarize_device_samples(const std::vector<DeviceSample>& samples, 
 
 std::string describe_device_report(const DeviceReport& r) {
   if (!r.available()) return "GPU clocks and power: not sampled (" + r.unavailable + ")";
-  char line[320];
+  char line[400];
   std::snprintf(line, sizeof line,
                 "GPU while timed: SM clock %.0f MHz median (max %.0f), %.0f W median of %.0f, power-capped in %.0f%% "
                 "and thermally limited in %.0f%% of %d samples, %.0f C at most",
                 r.sm_clock_mhz, r.sm_clock_max_mhz, r.power_watts, r.power_limit_watts, 100.0 * r.power_capped,
                 100.0 * r.thermal, r.samples, r.temperature_c);
-  return line;
+  std::string text = line;
+  if (r.has_energy()) {
+    std::snprintf(line, sizeof line, "; %.1f J in %.2f s by the energy counter (%.0f W mean)", r.energy_joules,
+                  r.seconds, r.energy_joules / r.seconds);
+    text += line;
+  }
+  return text;
 }
 
 DeviceMonitor::DeviceMonitor(const std::string& pci_bus_id, int interval_ms) : interval_ms_(std::max(1, interval_ms)) {
@@ -119,12 +127,18 @@ DeviceMonitor::DeviceMonitor(const std::string& pci_bus_id, int interval_ms) : i
 
 DeviceMonitor::~DeviceMonitor() { stop(); }
 
+bool DeviceMonitor::read_energy(unsigned long long& millijoules) const {
+  return nvml_ && nvml_->energy && nvml_->energy(device_, &millijoules) == 0;
+}
+
 void DeviceMonitor::start() {
   if (!available() || thread_.joinable()) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     samples_.clear();
     running_ = true;
+    has_energy_mark_ = read_energy(energy_mark_);
+    window_start_ = std::chrono::steady_clock::now();
   }
   thread_ = std::thread([this] { sample_loop(); });
 }
@@ -150,6 +164,16 @@ DeviceReport DeviceMonitor::take() {
   std::lock_guard<std::mutex> lock(mutex_);
   DeviceReport r = summarize_device_samples(samples_, sm_clock_max_mhz_, power_limit_watts_);
   samples_.clear();
+  const auto now = std::chrono::steady_clock::now();
+  unsigned long long energy = 0;
+  const bool read = read_energy(energy);
+  if (read && has_energy_mark_ && energy >= energy_mark_) {
+    r.energy_joules = static_cast<double>(energy - energy_mark_) / 1000.0;
+    r.seconds = std::chrono::duration<double>(now - window_start_).count();
+  }
+  has_energy_mark_ = read;
+  energy_mark_ = energy;
+  window_start_ = now;
   return r;
 }
 

@@ -4,6 +4,7 @@
 // NVML is opened at run time (libnvidia-ml.so.1, part of the driver); without it, or on the CPU,
 // the report says why it is empty and the benchmark runs as before.
 #pragma once
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -39,14 +40,21 @@ struct DeviceReport {
   double temperature_c = 0;     // highest
   double power_capped = 0;      // fraction of samples held back by the power cap (software cap or power brake)
   double thermal = 0;           // fraction held back by temperature (software or hardware thermal slowdown)
+  // The device's energy counter over the window (nvmlDeviceGetTotalEnergyConsumption): joules
+  // used from start() or the last take() to this one, and the window's length; -1 where the
+  // counter cannot be read (the GPU or driver lacks it).
+  double energy_joules = -1;
+  double seconds = 0;
   bool available() const { return samples > 0; }
+  bool has_energy() const { return energy_joules >= 0 && seconds > 0; }
 };
 
 // Medians, maxima and fractions over the samples (the device's limits passed through).
 DeviceReport summarize_device_samples(const std::vector<DeviceSample>& samples, double sm_clock_max_mhz,
                                       double power_limit_watts);
 // One line for the log: "SM clock 1755 MHz median (max 1980), 690 W of 700, power-capped in 85% of
-// 140 samples, 61 C at most", or why there is nothing to say.
+// 140 samples, 61 C at most" (and the mean power from the energy counter, where there is one), or
+// why there is nothing to say.
 std::string describe_device_report(const DeviceReport& report);
 
 class Nvml;  // the library's entry points (device_monitor.cpp)
@@ -66,6 +74,7 @@ class DeviceMonitor {
 
  private:
   void sample_loop();
+  bool read_energy(unsigned long long& millijoules) const;
 
   std::shared_ptr<Nvml> nvml_;
   void* device_ = nullptr;
@@ -77,6 +86,10 @@ class DeviceMonitor {
   std::condition_variable wake_;
   bool running_ = false;
   std::vector<DeviceSample> samples_;
+  // The energy counter (mJ) and the time at the window's start; has_energy_mark_ false when unread.
+  bool has_energy_mark_ = false;
+  unsigned long long energy_mark_ = 0;
+  std::chrono::steady_clock::time_point window_start_{};
 };
 
 }  // namespace smelt

@@ -1,5 +1,6 @@
 // The benchmark's GPU monitor on a real GPU: NVML finds the backend's device by its PCI bus id,
-// and samples taken while a kernel load runs lie within the device's own limits.
+// and samples taken while a kernel load runs lie within the device's own limits, as does the mean
+// power its energy counter gives over each window.
 #include <chrono>
 #include <thread>
 
@@ -45,6 +46,16 @@ TEST_F(CudaDeviceMonitor, SamplesTheBackendsGpuWithinItsLimits) {
   EXPECT_LT(r.power_watts, 1.5 * r.power_limit_watts);
   EXPECT_GT(r.temperature_c, 0);
   EXPECT_LT(r.temperature_c, 120);
+  // The energy counter over each window: the window's own length, and a mean power between idle
+  // and the cap (NVML reads it on Volta and later; the H200 has it).
+  for (const DeviceReport* window : {&first, &r}) {
+    ASSERT_TRUE(window->has_energy()) << "no energy counter";
+    EXPECT_GT(window->seconds, 0.14);
+    EXPECT_LT(window->seconds, 1.0);
+    const double mean_watts = window->energy_joules / window->seconds;
+    EXPECT_GT(mean_watts, 20);
+    EXPECT_LT(mean_watts, 1.2 * r.power_limit_watts);
+  }
 }
 
 }  // namespace

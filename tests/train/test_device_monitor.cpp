@@ -61,7 +61,28 @@ TEST(DeviceMonitor, SummaryMatchesMediansMaximaAndReasonCountsTakenHere) {
     EXPECT_DOUBLE_EQ(r.power_limit_watts, limit);
     const std::string line = describe_device_report(r);
     EXPECT_NE(line.find(std::to_string(count) + " samples"), std::string::npos) << line;
+    EXPECT_FALSE(r.has_energy());  // samples alone carry no energy
+    EXPECT_EQ(line.find("energy counter"), std::string::npos) << line;
   }
+}
+
+// With the energy counter read over a window, the line adds the joules and the mean power they
+// give; the mean is computed here from the same two numbers.
+TEST(DeviceMonitor, DescriptionAddsTheEnergyCountersMeanPower) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Random random(seed);
+  std::vector<DeviceSample> samples(5);
+  for (auto& s : samples) s.sm_clock_mhz = s.power_watts = s.temperature_c = random.uniform(50, 600);
+  DeviceReport r = summarize_device_samples(samples, 1980, 700);
+  r.energy_joules = std::round(random.uniform(100, 5000) * 10) / 10;
+  r.seconds = std::round(random.uniform(1, 20) * 100) / 100;
+  ASSERT_TRUE(r.has_energy());
+  char expected[96];
+  std::snprintf(expected, sizeof expected, "; %.1f J in %.2f s by the energy counter (%.0f W mean)", r.energy_joules,
+                r.seconds, r.energy_joules / r.seconds);
+  const std::string line = describe_device_report(r);
+  EXPECT_NE(line.find(expected), std::string::npos) << line << "\nexpected: " << expected;
 }
 
 TEST(DeviceMonitor, NoSamplesIsSaidNotReportedAsZeros) {
@@ -77,6 +98,7 @@ TEST(DeviceMonitor, WithoutAGpuToNameItSamplesNothingAndSaysWhy) {
   cpu.start();  // a no-op
   const DeviceReport window = cpu.take();
   EXPECT_FALSE(window.available());
+  EXPECT_FALSE(window.has_energy());
   EXPECT_NE(window.unavailable.find("not a GPU run"), std::string::npos) << window.unavailable;
   const DeviceReport r = cpu.stop();
   EXPECT_FALSE(r.available());

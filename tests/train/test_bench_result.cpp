@@ -1,0 +1,68 @@
+// The benchmark's JSON (bench.json, and what a matrix cell hands back to its parent): every
+// field a result carries comes back from it as written, the GPU's clock, power and energy included.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/random.h"
+#include "train/benchmark.h"
+
+namespace smelt {
+namespace {
+
+TEST(BenchResult, JsonCarriesEveryFieldBackAsWritten) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Random random(seed);
+  auto any = [&](double low, double high) { return random.uniform(low, high); };
+  BenchResult r;
+  r.label = "llama3_8b x" + std::to_string(random.below(32) + 1) + " fp8-tensorwise selective-op";
+  r.device = "cuda";
+  r.precision = "fp8-tensorwise";
+  r.policy = "selective-op";
+  r.batch = int64_t(random.below(8) + 1);
+  r.seq_len = int64_t(random.below(8192) + 1);
+  r.layers = int64_t(random.below(32) + 1);
+  r.tokens_per_second = any(1e3, 1e5);
+  r.step_ms = any(10, 500);
+  r.step_ms_min = any(10, 500);
+  r.step_ms_max = any(10, 500);
+  r.tflops = any(1, 1000);
+  r.mfu_percent = any(1, 99);
+  r.predicted_bytes = size_t(random.below(uint64_t(1) << 40));
+  r.measured_bytes = size_t(random.below(uint64_t(1) << 40));
+  r.first_loss = any(1, 12);
+  r.last_loss = any(1, 12);
+  r.sm_clock_mhz = any(500, 1980);
+  r.sm_clock_max_mhz = any(500, 1980);
+  r.power_watts = any(50, 700);
+  r.power_limit_watts = any(300, 700);
+  r.power_capped = any(0, 1);
+  r.temperature_c = any(20, 90);
+  r.joules_per_step = any(1, 500);
+  r.tokens_per_joule = any(1, 100);
+  const BenchResult back = bench_from_json(nlohmann::json::parse(bench_to_json(r).dump()));
+  EXPECT_EQ(back.label, r.label);
+  EXPECT_EQ(back.device, r.device);
+  EXPECT_EQ(back.precision, r.precision);
+  EXPECT_EQ(back.policy, r.policy);
+  EXPECT_EQ(back.batch, r.batch);
+  EXPECT_EQ(back.seq_len, r.seq_len);
+  EXPECT_EQ(back.layers, r.layers);
+  EXPECT_EQ(back.predicted_bytes, r.predicted_bytes);
+  EXPECT_EQ(back.measured_bytes, r.measured_bytes);
+  const std::pair<double, double> numbers[] = {
+      {back.tokens_per_second, r.tokens_per_second}, {back.step_ms, r.step_ms},
+      {back.step_ms_min, r.step_ms_min},             {back.step_ms_max, r.step_ms_max},
+      {back.tflops, r.tflops},                       {back.mfu_percent, r.mfu_percent},
+      {back.first_loss, r.first_loss},               {back.last_loss, r.last_loss},
+      {back.sm_clock_mhz, r.sm_clock_mhz},           {back.sm_clock_max_mhz, r.sm_clock_max_mhz},
+      {back.power_watts, r.power_watts},             {back.power_limit_watts, r.power_limit_watts},
+      {back.power_capped, r.power_capped},           {back.temperature_c, r.temperature_c},
+      {back.joules_per_step, r.joules_per_step},     {back.tokens_per_joule, r.tokens_per_joule}};
+  for (size_t i = 0; i < std::size(numbers); ++i) EXPECT_DOUBLE_EQ(numbers[i].first, numbers[i].second) << "field " << i;
+}
+
+}  // namespace
+}  // namespace smelt
