@@ -223,6 +223,103 @@ TEST(Adamw, AmaxSlotsHoldTheLargestUpdatedMagnitude) {
   EXPECT_THROW(backend->adamw(bad), Error);
 }
 
+// Rowwise runs (amax_columns > 0) beside a tensorwise one and copied runs: each rowwise run's
+// slots hold its rows' then its columns' largest |p| after the update, counted here from the
+// updated parameters; the update is bit-identical to the same runs without slots; a NaN sticks in
+// its row and column; runs whose columns do not divide them, or whose slots overrun the buffer,
+// are refused.
+TEST(Adamw, RowwiseAmaxSlotsHoldEachRowsAndColumnsLargestMagnitude) {
+  BackendFixture backend;
+  std::mt19937_64 generator(std::random_device{}());
+  const uint64_t seed = generator();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  generator.seed(seed);
+  // (rows, columns) of the rowwise runs; a tensorwise run and copied runs between them.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{3, 64}, {5, 12}, {7, 36}, {2, 128}};
+  std::vector<ComputeCopyRange> runs, plain;
+  int64_t begin = 0, copy_count = 0, slot = 1;  // slot 0: the tensorwise run's
+  auto copied = [&](int64_t length) {
+    runs.push_back({begin, length, copy_count});
+    copy_count += length;
+    begin += length;
+  };
+  for (const auto& [rows, columns] : shapes) {
+    copied(4 * int64_t(1 + generator() % 9));
+    runs.push_back({begin, rows * columns, -1, int32_t(slot), int32_t(columns)});
+    slot += rows + columns;
+    begin += rows * columns;
+  }
+  copied(8);
+  runs.push_back({begin, 4 * 13, -1, 0});  // tensorwise
+  begin += 4 * 13;
+  const int64_t count = begin, slots = slot;
+  for (ComputeCopyRange run : runs) {
+    run.amax_slot = -1;
+    run.amax_columns = 0;
+    plain.push_back(run);
+  }
+  const Shape shape{count};
+  auto make = [&] {
+    return AdamwState{Buffer(random_values(count, seed, -3.0, 3.0), DType::f32, shape), Buffer(DType::f32, shape),
+                      Buffer(random_values(count, seed + 1, -0.1, 0.1), DType::f32, shape),
+                      Buffer(random_values(count, seed + 2, 0.0, 0.01), DType::f32, shape), Buffer(DType::f32, Shape{1}),
+                      std::vector<uint16_t>(size_t(copy_count), 0xFFFF)};
+  };
+  AdamwState with = make(), without = make();
+  std::vector<float> amax(static_cast<size_t>(slots));
+  for (int64_t step = 1; step <= 2; ++step) {
+    auto grads = random_values(count, seed + 10 + uint64_t(step), -0.5, 0.5);
+    if (step == 2) grads[size_t(runs[5].begin + 2 * 36 + 5)] = std::numeric_limits<double>::quiet_NaN();  // row 2, column 5 of the (7, 36) run
+    for (AdamwState* state : {&with, &without}) {
+      state->grads.assign(grads);
+      backend->sum_squares(SumSquaresArgs{state->grads.view(), state->sum_squares.view()});
+    }
+    std::fill(amax.begin(), amax.end(), std::numeric_limits<float>::quiet_NaN());  // poison
+    AdamwArgs a = with.args(runs), b = without.args(plain);
+    a.weight_amax = TensorView(amax.data(), DType::f32, Shape{slots});
+    a.step = b.step = step;
+    backend->adamw(a);
+    backend->adamw(b);
+    EXPECT_EQ(with.params.bits(), without.params.bits()) << "params, step " << step;
+    std::vector<float> expected(size_t(slots), 0.0f);
+    auto fold = [](float& into, double value) {
+      const float magnitude = std::fabs(float(value));
+      if (std::isnan(magnitude) || magnitude > into) into = magnitude;
+    };
+    for (const auto& run : runs) {
+      if (run.amax_slot < 0) continue;
+      for (int64_t i = 0; i < run.count; ++i) {
+        const double p = with.params.get(run.begin + i);
+        if (run.amax_columns == 0) {
+          fold(expected[size_t(run.amax_slot)], p);
+          continue;
+        }
+        const int64_t rows = run.count / run.amax_columns, row = i / run.amax_columns, column = i % run.amax_columns;
+        fold(expected[size_t(run.amax_slot + row)], p);
+        fold(expected[size_t(run.amax_slot + rows + column)], p);
+      }
+    }
+    int nans = 0;
+    for (int64_t s = 0; s < slots; ++s) {
+      nans += std::isnan(expected[size_t(s)]) ? 1 : 0;
+      EXPECT_EQ(std::bit_cast<uint32_t>(amax[size_t(s)]), std::bit_cast<uint32_t>(expected[size_t(s)]))
+          << "slot " << s << ", step " << step << ": " << amax[size_t(s)] << " against " << expected[size_t(s)];
+    }
+    EXPECT_EQ(nans, step == 2 ? 2 : 0) << "a NaN parameter marks its row and its column";
+    EXPECT_GT(expected[1], 0.0f);
+  }
+  AdamwArgs bad = with.args(runs);
+  bad.step = 3;
+  bad.weight_amax = TensorView(amax.data(), DType::f32, Shape{slots - 1});
+  EXPECT_THROW(backend->adamw(bad), Error) << "slots past weight_amax";
+  auto uneven = runs;
+  uneven[1].amax_columns = 40;  // 3 x 64 elements are not rows of 40
+  bad = with.args(uneven);
+  bad.step = 3;
+  bad.weight_amax = TensorView(amax.data(), DType::f32, Shape{slots});
+  EXPECT_THROW(backend->adamw(bad), Error) << "columns that do not divide the run";
+}
+
 TEST(Adamw, RejectsCopyRunsThatDoNotTileTheRange) {
   BackendFixture backend;
   const int64_t count = 64;

@@ -132,6 +132,79 @@ TEST_F(CudaComputeCopy, AdamwAmaxSlotsMatchCpuBitForBit) {
   EXPECT_EQ(expected.get(slots - 1), 0.0);
 }
 
+// Rowwise amax slots (each row's and each column's largest |p|, ComputeCopyRange::amax_columns):
+// bit-identical to the maxima of the GPU's updated parameters counted here, and to the CPU's. The
+// first case's columns (64, 3584, 14336) let the launch pick a grid under which each thread keeps
+// its columns (held in registers); the second adds 3996 columns (999 quads a row), for which it
+// cannot, and the kernel folds the columns each quad. Both with a tensorwise run and copied runs.
+TEST_F(CudaComputeCopy, AdamwRowwiseAmaxSlotsMatchCpuBitForBit) {
+  for (bool odd_columns : {false, true}) {
+    SCOPED_TRACE(odd_columns ? "with 3996 columns" : "columns of 64, 3584, 14336");
+    std::vector<std::pair<int64_t, int64_t>> shapes = {{33, 64}, {40, 3584}, {16, 14336}};
+    if (odd_columns) shapes.push_back({24, 3996});
+    std::vector<ComputeCopyRange> runs;
+    int64_t begin = 0, copy_count = 0, slots = 1;  // slot 0: the tensorwise run's
+    for (const auto& [rows, columns] : shapes) {
+      runs.push_back({begin, 256, copy_count});
+      copy_count += 256;
+      begin += 256;
+      runs.push_back({begin, rows * columns, -1, int32_t(slots), int32_t(columns)});
+      slots += rows + columns;
+      begin += rows * columns;
+    }
+    runs.push_back({begin, 1000, -1, 0});
+    begin += 1000;
+    const int64_t count = begin;
+    HostTensor params = random_tensor(DType::f32, Shape{count}, 90, 2.0), grads = random_tensor(DType::f32, Shape{count}, 91);
+    HostTensor exp_avg = random_tensor(DType::f32, Shape{count}, 92, 0.1), exp_avg_sq(DType::f32, Shape{count});
+    HostTensor seed_sq = random_tensor(DType::f32, Shape{count}, 93, 0.1);
+    for (int64_t i = 0; i < count; ++i) exp_avg_sq.set(i, seed_sq.get(i) * seed_sq.get(i));
+    HostTensor sum_squares(DType::f32, Shape{1});
+    sum_squares.set(0, 9.0);
+    HostTensor copy(DType::bf16, Shape{copy_count}), amax(DType::f32, Shape{slots});
+    TensorView d_params = upload(params), d_grads = upload(grads), d_m = upload(exp_avg), d_v = upload(exp_avg_sq);
+    TensorView d_copy = poisoned(DType::bf16, Shape{copy_count}), d_amax = poisoned(DType::f32, Shape{slots});
+    AdamwArgs args{params.view, grads.view, exp_avg.view, exp_avg_sq.view, sum_squares.view};
+    args.compute_copy = copy.view;
+    args.copy_ranges = runs;
+    args.weight_amax = amax.view;
+    args.lr = 3e-2f;
+    args.weight_decay = 0.1f;
+    args.max_norm = 1.0f;
+    args.step = 2;
+    AdamwArgs device_args = args;
+    device_args.params = d_params;
+    device_args.grads = d_grads;
+    device_args.exp_avg = d_m;
+    device_args.exp_avg_sq = d_v;
+    device_args.grad_sum_squares = upload(sum_squares);
+    device_args.compute_copy = d_copy;
+    device_args.weight_amax = d_amax;
+    cpu_->adamw(args);
+    cuda_->adamw(device_args);
+    const HostTensor updated = download(d_params);
+    expect_close(params, updated, 1e-6, "params");
+    HostTensor expected(DType::f32, Shape{slots});
+    for (int64_t s = 0; s < slots; ++s) expected.set(s, 0.0);
+    auto fold = [&](int64_t slot, double value) { expected.set(slot, std::max(expected.get(slot), std::fabs(value))); };
+    for (const auto& run : runs) {
+      if (run.amax_slot < 0) continue;
+      for (int64_t i = 0; i < run.count; ++i) {
+        if (run.amax_columns == 0) {
+          fold(run.amax_slot, updated.get(run.begin + i));
+          continue;
+        }
+        const int64_t rows = run.count / run.amax_columns;
+        fold(run.amax_slot + i / run.amax_columns, updated.get(run.begin + i));
+        fold(run.amax_slot + rows + i % run.amax_columns, updated.get(run.begin + i));
+      }
+    }
+    for (int64_t s = 0; s < slots; ++s) ASSERT_GT(expected.get(s), 0.0) << "slot " << s << " named by no element";
+    expect_bits_equal(expected, download(d_amax), "rowwise weight amax slots");
+    expect_close(amax, download(d_amax), 1e-6, "rowwise weight amax slots against the CPU");
+  }
+}
+
 TEST_F(CudaComputeCopy, EmbeddingFromAnF32TableMatchesCpuAndTheBf16Copy) {
   const int64_t count = 300, vocabulary = 97, dim = 64;
   HostTensor tokens = random_ids(Shape{count}, 1, int32_t(vocabulary));
