@@ -59,51 +59,16 @@ __device__ __forceinline__ int find_run(const CopyRuns& runs, int64_t i) {
   return low;
 }
 
-// Folds a row's maximum into amax[slot]: one reduction and one atomic when the warp's active lanes
-// are all on one row (nearly always: a warp covers 128 consecutive elements), else per group.
-__device__ __forceinline__ void flush_row_amax(float* amax, int slot, unsigned value) {
-  const unsigned active = __activemask();
-  const int leader = __ffs(active) - 1;
-  if (__all_sync(active, slot == __shfl_sync(active, slot, leader))) {
-    const unsigned reduced = __reduce_max_sync(active, value);
-    if (int(threadIdx.x & 31) == leader) atomicMax(reinterpret_cast<unsigned*>(amax) + slot, reduced);
-  } else {
-    flush_amax(amax, slot, value);
-  }
-}
-
-// Where one thread is in a rowwise run: its row, and its four columns' maxima, held in registers
-// while the columns stay put and folded into their slots when the thread leaves them.
-struct RowwisePosition {
-  int run = -1;          // the run this describes
-  int rows = 0, row = 0;  // the run's rows; the row of the thread's current quad
-  int row_step = 0;       // rows advanced per grid stride (0: the columns move, recomputed each quad)
-  int column_slot = -1;   // the slot of the first of the thread's four columns (-1: none held)
+// A rowwise run's column maxima, held by one thread for its four columns (column index of the
+// first; -1: none held) and folded into the slots when the thread leaves them.
+struct ColumnMaxima {
+  int64_t first = -1;
   unsigned bits[4] = {0, 0, 0, 0};
-
   __device__ __forceinline__ void flush(float* amax) {
-    if (column_slot < 0) return;
-    for (int j = 0; j < 4; ++j) atomicMax(reinterpret_cast<unsigned*>(amax) + column_slot + j, bits[j]);
-    column_slot = -1;
+    if (first < 0) return;
+    for (int j = 0; j < 4; ++j) atomicMax(reinterpret_cast<unsigned*>(amax) + first + j, bits[j]);
+    first = -1;
     bits[0] = bits[1] = bits[2] = bits[3] = 0;
-  }
-  // Moves to quad i of run r (slot, columns): one division when entering the run or when the
-  // columns move with each stride, an addition otherwise.
-  __device__ __forceinline__ void advance(float* amax, const CopyRuns& runs, int r, int64_t i, int64_t stride) {
-    const int columns = runs.amax_columns[r];
-    if (run == r && row_step > 0) {
-      row += row_step;
-      return;
-    }
-    flush(amax);
-    const int64_t element = (i - runs.first[r]) * 4;  // slots are int32: so are rows and columns
-    if (run != r) {
-      run = r;
-      rows = int((runs.first[r + 1] - runs.first[r]) * 4 / columns);
-      row_step = (stride * 4) % columns == 0 ? int(stride * 4 / columns) : 0;
-    }
-    row = int(element / columns);
-    column_slot = runs.amax_slot[r] + rows + int(element % columns);
   }
 };
 
@@ -111,11 +76,9 @@ struct RowwisePosition {
 // 64 elements long); writes the bf16 copy the GEMMs use for the runs that have one. A thread's
 // quads only grow, so its run is found once and then followed forward. Amax: a tensorwise run's
 // is held in a register until the thread leaves the run; a rowwise run's row maxima are folded
-// each quad (the warp reduces first), and its column maxima are held while the thread's columns
-// stay put, which they do when 4 x the grid's thread count is a multiple of the run's columns
-// (the launch picks such a grid when it can; otherwise they are folded each quad). `Rowwise`:
-// whether the launch has rowwise runs (without, the kernel keeps the registers of the rest).
-template <bool Rowwise>
+// each quad (a warp's lanes on one row reduce first), and its column maxima are held while the
+// thread's columns stay put, which they do when 4 x the grid's thread count is a multiple of the
+// run's columns (the launch picks such a grid; otherwise they are folded each quad).
 __global__ void adamw_update(float4* params, const float4* grads, float4* exp_avg, float4* exp_avg_sq, uint2* copy,
                              float* amax, const float* grad_sum_squares, const __grid_constant__ CopyRuns runs,
                              AdamwConstants k) {
@@ -125,12 +88,13 @@ __global__ void adamw_update(float4* params, const float4* grads, float4* exp_av
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   int run = -1, slot = -1, columns = 0;
   unsigned largest = 0;  // magnitude_bits of the largest |p| of this thread's elements in `slot` (tensorwise)
-  RowwisePosition position;
+  ColumnMaxima held;     // rowwise
   for (int64_t i = runs.first[0] + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < end; i += stride) {
     if (run < 0) run = find_run(runs, i);
     while (i >= runs.first[run + 1]) ++run;
     if (runs.amax_slot[run] != slot) {
       if (slot >= 0 && columns == 0) flush_amax(amax, slot, largest);
+      held.flush(amax);
       slot = runs.amax_slot[run];
       columns = runs.amax_columns[run];
       largest = 0;
@@ -144,12 +108,19 @@ __global__ void adamw_update(float4* params, const float4* grads, float4* exp_av
     if (slot >= 0) {
       const unsigned magnitudes[4] = {magnitude_bits(p.x), magnitude_bits(p.y), magnitude_bits(p.z), magnitude_bits(p.w)};
       const unsigned quad_largest = max(max(magnitudes[0], magnitudes[1]), max(magnitudes[2], magnitudes[3]));
-      if (!Rowwise || columns == 0) {
+      if (columns == 0) {
         largest = max(largest, quad_largest);
       } else {
-        position.advance(amax, runs, run, i, stride);
-        flush_row_amax(amax, slot + position.row, quad_largest);
-        for (int j = 0; j < 4; ++j) position.bits[j] = max(position.bits[j], magnitudes[j]);
+        const int64_t element = (i - runs.first[run]) * 4, row = element / columns, column = element % columns;
+        const int64_t rows = (runs.first[run + 1] - runs.first[run]) * 4 / columns;
+        flush_amax(amax, int(slot + row), quad_largest);
+        const int64_t column_slot = slot + rows + column;
+        if (held.first != column_slot) {
+          held.flush(amax);
+          held.first = column_slot;
+        }
+        for (int j = 0; j < 4; ++j) held.bits[j] = max(held.bits[j], magnitudes[j]);
+        if ((stride * 4) % columns != 0) held.flush(amax);  // the next quad is in other columns
       }
     }
     exp_avg[i] = m;
@@ -162,7 +133,7 @@ __global__ void adamw_update(float4* params, const float4* grads, float4* exp_av
     }
   }
   if (slot >= 0 && columns == 0) flush_amax(amax, slot, largest);
-  if (Rowwise) position.flush(amax);
+  held.flush(amax);
 }
 
 // The usual grid, or near it a block count whose 4 x threads is a multiple of every rowwise
@@ -243,9 +214,7 @@ void adamw(CudaContext& context, const AdamwArgs& args) {
     }
     const int64_t quads = runs.first[runs.count] - runs.first[0];
     if (quads == 0) continue;
-    const bool rowwise = std::any_of(runs.amax_columns, runs.amax_columns + runs.count, [](int32_t c) { return c > 0; });
-    auto kernel = rowwise ? adamw_update<true> : adamw_update<false>;
-    kernel<<<adamw_grid(runs, quads, context.multiprocessors), 256, 0, context.stream>>>(
+    adamw_update<<<adamw_grid(runs, quads, context.multiprocessors), 256, 0, context.stream>>>(
         reinterpret_cast<float4*>(args.params.data), reinterpret_cast<float4*>(args.grads.data),
         reinterpret_cast<float4*>(args.exp_avg.data), reinterpret_cast<float4*>(args.exp_avg_sq.data),
         args.compute_copy.empty() ? nullptr : reinterpret_cast<uint2*>(args.compute_copy.data),
