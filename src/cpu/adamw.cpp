@@ -6,7 +6,6 @@
 // or for the runs that have one.
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "core/numerics.h"
 #include <string>
@@ -91,30 +90,13 @@ void adamw(const AdamwArgs& args) {
   if (args.copy_ranges.empty()) return run(0, count, copy);
   for (const ComputeCopyRange& range : args.copy_ranges) {
     run(range.begin, range.count, range.copied() ? copy + range.copy_offset : nullptr);
-    if (range.amax_slot < 0) continue;
-    float* slots = args.weight_amax.as<float>() + range.amax_slot;
-    auto fold = [](float& slot, float value) {
-      if (std::isnan(value) || value > slot) slot = value;  // NaN sticks, as in the amax op
-    };
-    const TensorView updated = args.params.reshaped(Shape{count, 1}).row_slice(range.begin, range.count);
-    if (range.amax_columns == 0) {  // tensorwise: the updated parameters' largest magnitude
+    if (range.amax_slot >= 0) {  // the updated parameters' largest magnitude, folded into the slot
       float run_amax = 0;
-      amax_of(updated, TensorView(&run_amax, DType::f32, Shape{1}));
-      fold(slots[0], run_amax);
-      continue;
+      amax_of(args.params.reshaped(Shape{count, 1}).row_slice(range.begin, range.count),
+              TensorView(&run_amax, DType::f32, Shape{1}));
+      float& slot = args.weight_amax.as<float>()[range.amax_slot];
+      if (std::isnan(run_amax) || run_amax > slot) slot = run_amax;  // NaN sticks, as in the amax op
     }
-    // Rowwise: each row's and each column's largest magnitude of the (rows, columns) matrix.
-    const int64_t columns = range.amax_columns, rows = range.count / columns;
-    const TensorView matrix = updated.reshaped(Shape{rows, columns});
-    std::vector<float> row_amax(static_cast<size_t>(rows)), column_amax(static_cast<size_t>(columns));
-    AmaxArgs a;
-    a.x = matrix;
-    a.amax = TensorView(row_amax.data(), DType::f32, Shape{rows});
-    a.column_amax = TensorView(column_amax.data(), DType::f32, Shape{columns});
-    a.rowwise = true;
-    amax(a);
-    for (int64_t r = 0; r < rows; ++r) fold(slots[r], row_amax[static_cast<size_t>(r)]);
-    for (int64_t c = 0; c < columns; ++c) fold(slots[rows + c], column_amax[static_cast<size_t>(c)]);
   }
 }
 

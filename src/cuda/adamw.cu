@@ -4,7 +4,6 @@
 // |p| taken for the runs with an amax slot (float8 weights' tensorwise amax).
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "core/numerics.h"
 #include "cuda/cuda_common.cuh"
@@ -31,13 +30,12 @@ __device__ __forceinline__ void adamw_element(float& p, float g, float& m, float
 // The runs one launch covers, in quads (4 elements): run r is quads [first[r], first[r + 1]),
 // copied to copy quads from copy_first[r] on (-1: no copy). Kept under 4 KB with the other
 // kernel parameters; more runs take more launches.
-constexpr int kRunsPerLaunch = 160;
+constexpr int kRunsPerLaunch = 192;
 
 struct CopyRuns {
   int64_t first[kRunsPerLaunch + 1];
   int64_t copy_first[kRunsPerLaunch];
-  int32_t amax_slot[kRunsPerLaunch];     // -1: none
-  int32_t amax_columns[kRunsPerLaunch];  // 0: one tensorwise amax; > 0: rowwise (ComputeCopyRange)
+  int32_t amax_slot[kRunsPerLaunch];  // -1: none
   int count;
 };
 
@@ -59,44 +57,24 @@ __device__ __forceinline__ int find_run(const CopyRuns& runs, int64_t i) {
   return low;
 }
 
-// A rowwise run's column maxima, held by one thread for its four columns (column index of the
-// first; -1: none held) and folded into the slots when the thread leaves them.
-struct ColumnMaxima {
-  int64_t first = -1;
-  unsigned bits[4] = {0, 0, 0, 0};
-  __device__ __forceinline__ void flush(float* amax) {
-    if (first < 0) return;
-    for (int j = 0; j < 4; ++j) atomicMax(reinterpret_cast<unsigned*>(amax) + first + j, bits[j]);
-    first = -1;
-    bits[0] = bits[1] = bits[2] = bits[3] = 0;
-  }
-};
-
 // Four elements per thread with 16-byte loads (every run is 256-byte aligned and a multiple of
 // 64 elements long); writes the bf16 copy the GEMMs use for the runs that have one. A thread's
-// quads only grow, so its run is found once and then followed forward. Amax: a tensorwise run's
-// is held in a register until the thread leaves the run; a rowwise run's row maxima are folded
-// each quad (a warp's lanes on one row reduce first), and its column maxima are held while the
-// thread's columns stay put, which they do when 4 x the grid's thread count is a multiple of the
-// run's columns (the launch picks such a grid; otherwise they are folded each quad).
+// quads only grow, so its run is found once and then followed forward.
 __global__ void adamw_update(float4* params, const float4* grads, float4* exp_avg, float4* exp_avg_sq, uint2* copy,
                              float* amax, const float* grad_sum_squares, const __grid_constant__ CopyRuns runs,
                              AdamwConstants k) {
   float clip = 1.0f;
   if (k.max_norm > 0) clip = fminf(1.0f, k.max_norm / (sqrtf(grad_sum_squares[0]) + 1e-6f));
   const int64_t end = runs.first[runs.count];
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  int run = -1, slot = -1, columns = 0;
-  unsigned largest = 0;  // magnitude_bits of the largest |p| of this thread's elements in `slot` (tensorwise)
-  ColumnMaxima held;     // rowwise
-  for (int64_t i = runs.first[0] + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < end; i += stride) {
+  int run = -1, slot = -1;
+  unsigned largest = 0;  // magnitude_bits of the largest |p| of this thread's elements in `slot`
+  for (int64_t i = runs.first[0] + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < end;
+       i += int64_t(gridDim.x) * blockDim.x) {
     if (run < 0) run = find_run(runs, i);
     while (i >= runs.first[run + 1]) ++run;
     if (runs.amax_slot[run] != slot) {
-      if (slot >= 0 && columns == 0) flush_amax(amax, slot, largest);
-      held.flush(amax);
+      if (slot >= 0) flush_amax(amax, slot, largest);
       slot = runs.amax_slot[run];
-      columns = runs.amax_columns[run];
       largest = 0;
     }
     float4 p = params[i], g = grads[i], m = exp_avg[i], v = exp_avg_sq[i];
@@ -105,24 +83,8 @@ __global__ void adamw_update(float4* params, const float4* grads, float4* exp_av
     adamw_element(p.z, g.z, m.z, v.z, clip, k);
     adamw_element(p.w, g.w, m.w, v.w, clip, k);
     params[i] = p;
-    if (slot >= 0) {
-      const unsigned magnitudes[4] = {magnitude_bits(p.x), magnitude_bits(p.y), magnitude_bits(p.z), magnitude_bits(p.w)};
-      const unsigned quad_largest = max(max(magnitudes[0], magnitudes[1]), max(magnitudes[2], magnitudes[3]));
-      if (columns == 0) {
-        largest = max(largest, quad_largest);
-      } else {
-        const int64_t element = (i - runs.first[run]) * 4, row = element / columns, column = element % columns;
-        const int64_t rows = (runs.first[run + 1] - runs.first[run]) * 4 / columns;
-        flush_amax(amax, int(slot + row), quad_largest);
-        const int64_t column_slot = slot + rows + column;
-        if (held.first != column_slot) {
-          held.flush(amax);
-          held.first = column_slot;
-        }
-        for (int j = 0; j < 4; ++j) held.bits[j] = max(held.bits[j], magnitudes[j]);
-        if ((stride * 4) % columns != 0) held.flush(amax);  // the next quad is in other columns
-      }
-    }
+    if (slot >= 0)
+      largest = max(largest, max(max(magnitude_bits(p.x), magnitude_bits(p.y)), max(magnitude_bits(p.z), magnitude_bits(p.w))));
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
     if (copy && runs.copy_first[run] >= 0) {
@@ -132,25 +94,7 @@ __global__ void adamw_update(float4* params, const float4* grads, float4* exp_av
       copy[runs.copy_first[run] + (i - runs.first[run])] = packed;
     }
   }
-  if (slot >= 0 && columns == 0) flush_amax(amax, slot, largest);
-  held.flush(amax);
-}
-
-// The usual grid, or near it a block count whose 4 x threads is a multiple of every rowwise
-// run's columns, so each thread keeps to the same four columns of a run (adamw_update).
-unsigned adamw_grid(const CopyRuns& runs, int64_t quads, int multiprocessors) {
-  const unsigned usual = grid_for(quads, 256, multiprocessors);
-  int64_t period = 1;  // threads: the lcm of columns / 4 over the rowwise runs
-  for (int r = 0; r < runs.count; ++r) {
-    if (runs.amax_columns[r] <= 0) continue;
-    const int64_t quads_per_row = runs.amax_columns[r] / 4;
-    period = period / std::gcd(period, quads_per_row) * quads_per_row;
-    if (period > (int64_t(1) << 24)) return usual;  // no such grid near the usual one: fold each quad
-  }
-  if (period == 1) return usual;
-  const int64_t blocks_per_period = period / std::gcd(period, int64_t(256));
-  const int64_t blocks = std::max<int64_t>(1, (int64_t(usual) + blocks_per_period / 2) / blocks_per_period) * blocks_per_period;
-  return blocks <= 4 * int64_t(usual) ? static_cast<unsigned>(blocks) : usual;
+  if (slot >= 0) flush_amax(amax, slot, largest);
 }
 
 }  // namespace
@@ -209,12 +153,11 @@ void adamw(CudaContext& context, const AdamwArgs& args) {
       runs.first[r] = range.begin / 4;
       runs.copy_first[r] = range.copied() ? range.copy_offset / 4 : -1;
       runs.amax_slot[r] = range.amax_slot;
-      runs.amax_columns[r] = range.amax_slot >= 0 ? range.amax_columns : 0;
       runs.first[r + 1] = (range.begin + range.count) / 4;
     }
     const int64_t quads = runs.first[runs.count] - runs.first[0];
     if (quads == 0) continue;
-    adamw_update<<<adamw_grid(runs, quads, context.multiprocessors), 256, 0, context.stream>>>(
+    adamw_update<<<grid_for(quads, 256, context.multiprocessors), 256, 0, context.stream>>>(
         reinterpret_cast<float4*>(args.params.data), reinterpret_cast<float4*>(args.grads.data),
         reinterpret_cast<float4*>(args.exp_avg.data), reinterpret_cast<float4*>(args.exp_avg_sq.data),
         args.compute_copy.empty() ? nullptr : reinterpret_cast<uint2*>(args.compute_copy.data),

@@ -266,18 +266,14 @@ void quantize_weight(Backend& backend, Float8Recipe recipe, const TensorView& we
   }
   const bool rowwise = cast.scaling == OperandScaling::rowwise;
   const bool both = !copy.transposed.values.empty();
-  const bool ready = !ready_amax.empty();  // amax taken already: the cast alone
-  SMELT_CHECK(!ready || (cast.scaling == OperandScaling::tensorwise && ready_amax.numel() == 1) ||
-                  (rowwise && ready_amax.numel() == out + in),
-              "quantize_weight: a ready amax " + ready_amax.str() + " for weight " + weight.str() +
-                  " must be one value (tensorwise) or the rows' then the columns' maxima (rowwise)");
+  const bool ready = !ready_amax.empty();  // tensorwise, amax taken already: the cast alone
+  SMELT_CHECK(!ready || (cast.scaling == OperandScaling::tensorwise && ready_amax.numel() == 1),
+              "quantize_weight: a ready amax " + ready_amax.str() + " is for tensorwise weights only");
   SMELT_CHECK(ready || (amax.numel() >= (rowwise ? out : 1) && amax_transposed.numel() >= (rowwise && both ? in : 1)),
               "quantize_weight: amax scratch too small for " + weight.str());
-  const TensorView row_amax = ready ? TensorView(ready_amax.data, DType::f32, Shape{rowwise ? out : 1}, ready_amax.device)
-                                    : TensorView(amax.data, DType::f32, Shape{rowwise ? out : 1}, amax.device);
-  const TensorView column_amax =
-      ready && rowwise ? TensorView(ready_amax.as<float>() + out, DType::f32, Shape{in}, ready_amax.device)
-                       : TensorView(amax_transposed.data, DType::f32, Shape{rowwise ? in : 1}, amax_transposed.device);
+  const TensorView row_amax =
+      ready ? ready_amax : TensorView(amax.data, DType::f32, Shape{rowwise ? out : 1}, amax.device);
+  const TensorView column_amax(amax_transposed.data, DType::f32, Shape{rowwise ? in : 1}, amax_transposed.device);
   if (!ready) {
     AmaxArgs a;
     a.x = weight;

@@ -174,8 +174,8 @@ int64_t float8_saved_input_bytes(Float8Recipe recipe, int64_t in, int64_t tokens
 QuantizedOperand float8_saved_input_view(Float8Recipe recipe, int64_t in, int64_t tokens, const TensorView& buffer);
 
 // Quantises W (out, in) into both layouts of `copy` (W alone when copy.transposed is empty) with
-// one amax pass and one cast pass; with `ready_amax`, taken already (e.g. by AdamW), the cast pass
-// alone: tensorwise (1), W's amax; rowwise (out + in), the rows' maxima then the columns'.
+// one amax pass and one cast pass; with `ready_amax` (tensorwise: W's amax, taken already, e.g. by
+// AdamW) the cast pass alone.
 // `amax` and `amax_transposed` are scratch of at least (out) and (in) floats.
 void quantize_weight(Backend& backend, Float8Recipe recipe, const TensorView& weight, const Float8Weight& copy,
                      const TensorView& amax, const TensorView& amax_transposed, const TensorView& ready_amax = {});

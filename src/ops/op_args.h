@@ -147,12 +147,6 @@ struct ComputeCopyRange {
   // >= 0: AdamW also takes max |p| over the run's updated parameters into weight_amax[amax_slot]
   // (a float8 weight's tensorwise amax, so its cast needs no amax pass of its own).
   int32_t amax_slot = -1;
-  // > 0 (with an amax_slot): rowwise instead. The run is a (rows, amax_columns) row-major matrix
-  // (rows = count / amax_columns) and AdamW takes each row's max |p| into weight_amax[amax_slot +
-  // row] and each column's into weight_amax[amax_slot + rows + column]: the scales of W's rows
-  // and of W^T's rows, for a cast with no amax pass of its own. A multiple of 4.
-  int32_t amax_columns = 0;
-  int64_t amax_count() const { return amax_slot < 0 ? 0 : amax_columns > 0 ? count / amax_columns + amax_columns : 1; }
   bool copied() const { return copy_offset >= 0; }
 };
 
@@ -169,8 +163,7 @@ struct AdamwArgs {
   // Every element gets the same update either way (the clip factor comes from grad_sum_squares).
   std::span<const ComputeCopyRange> copy_ranges;
   // Needed when a copy run has an amax_slot: (slots) f32; slot s receives the largest |p| after the
-  // update over the runs naming s (NaN when one is NaN), 0 when no run names it. A rowwise run
-  // (amax_columns > 0) fills amax_count() slots from its amax_slot on.
+  // update over the runs naming s (NaN when one is NaN), 0 when no run names it.
   TensorView weight_amax;
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
   float max_norm = 0;

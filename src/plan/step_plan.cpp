@@ -81,36 +81,7 @@ bool packed_compute_copy(const PlanOptions& options) {
 }  // namespace
 
 bool optimizer_takes_float8_weight_amax(const PlanOptions& options) {
-  if (!packed_compute_copy(options) || options.float8.recipe == Float8Recipe::none ||
-      !options.float8.fuse_amax_into_producers)
-    return false;
-  const OperandScaling weight = float8_gemm_cast(options.float8.recipe, LinearGemm::output).b.scaling;
-  return weight == OperandScaling::tensorwise || weight == OperandScaling::rowwise;
-}
-
-Float8WeightAmaxSlots float8_weight_amax_slots(const ModelConfig& model, const PlanOptions& options) {
-  Float8WeightAmaxSlots slots;
-  slots.first.assign(static_cast<size_t>(model.n_layers * kLayerWeightCount), -1);
-  if (!optimizer_takes_float8_weight_amax(options)) return slots;
-  slots.rowwise = float8_gemm_cast(options.float8.recipe, LinearGemm::output).b.scaling == OperandScaling::rowwise;
-  const ParameterLayout layout(model);
-  for (int64_t layer = 0; layer < model.n_layers; ++layer)
-    for (int w = 0; w < kLayerWeightCount; ++w) {
-      const auto weight = static_cast<LayerWeight>(w);
-      if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm ||
-          !float8_linear_enabled(options.float8, model, layer, weight))
-        continue;
-      const int64_t index = layer * kLayerWeightCount + w;
-      if (!slots.rowwise) {
-        slots.first[static_cast<size_t>(index)] = static_cast<int32_t>(index);
-        continue;
-      }
-      const ParameterInfo& p = layout.layer(layer, weight);
-      slots.first[static_cast<size_t>(index)] = static_cast<int32_t>(slots.total);
-      slots.total += p.rows + p.cols;
-    }
-  if (!slots.rowwise) slots.total = model.n_layers * kLayerWeightCount;
-  return slots;
+  return packed_compute_copy(options) && float8_fused_amax(options.float8);
 }
 
 std::vector<ComputeCopyRange> compute_copy_ranges(const ModelConfig& model, const PlanOptions& options) {
@@ -122,25 +93,24 @@ std::vector<ComputeCopyRange> compute_copy_ranges(const ModelConfig& model, cons
     if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm || !float8) return true;
     return !float8_linear_enabled(options.float8, model, layer, weight);
   };
-  const Float8WeightAmaxSlots amax_slots = float8_weight_amax_slots(model, options);
+  const bool amax_slots = optimizer_takes_float8_weight_amax(options);
   std::vector<ComputeCopyRange> ranges;
   int64_t copy_total = 0;
   for (size_t index = 0; index < parameters.size(); ++index) {
     // The embedding (index 0) and the output projection (last) have none; the final norm keeps its.
     bool keep = index != 0 && index + 1 != parameters.size();
     const int64_t block_index = static_cast<int64_t>(index) - 1;
-    int32_t slot = -1, columns = 0;
+    int32_t slot = -1;
     if (index != 0 && block_index < model.n_layers * kLayerWeightCount) {
       keep = copied(block_index / kLayerWeightCount, static_cast<LayerWeight>(block_index % kLayerWeightCount));
-      if (!keep) slot = amax_slots.first[static_cast<size_t>(block_index)];  // a float8 linear's, or -1
-      if (slot >= 0 && amax_slots.rowwise) columns = static_cast<int32_t>(parameters[index].cols);
+      if (amax_slots && !keep) slot = static_cast<int32_t>(block_index);  // a float8 linear: layer * 7 + weight
     }
     const int64_t begin = parameters[index].offset;
     const int64_t end = index + 1 < parameters.size() ? parameters[index + 1].offset : layout.total();
     if (!ranges.empty() && ranges.back().copied() == keep && slot < 0 && ranges.back().amax_slot < 0) {
       ranges.back().count = end - ranges.back().begin;
     } else {
-      ranges.push_back({begin, end - begin, keep ? copy_total : -1, slot, columns});
+      ranges.push_back({begin, end - begin, keep ? copy_total : -1, slot});
     }
     if (keep) copy_total += end - begin;
   }
@@ -221,8 +191,7 @@ void add_float8_buffers(PlanBuilder& b, StepPlan& plan, int64_t tokens) {
                                        BufferClass::compute_weights, true);
   if (optimizer_takes_float8_weight_amax(plan.options))
     plan.float8_weight_amax = b.buffer("float8 weight amax (taken by AdamW for the cast)", DType::f32,
-                                       Shape{float8_weight_amax_slots(plan.model, plan.options).total},
-                                       BufferClass::workspace, true);
+                                       Shape{plan.model.n_layers * kLayerWeightCount}, BufferClass::workspace, true);
   if (float8_gemm_cast(recipe, LinearGemm::output).a.scaling == OperandScaling::tensorwise)
     plan.float8_input_amax = b.buffer("float8 input amax (forward -> grad-weight)", DType::f32,
                                       Shape{plan.model.n_layers * kLayerWeightCount}, BufferClass::workspace, true);

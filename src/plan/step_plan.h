@@ -187,8 +187,7 @@ struct StepPlan {
   // SwiGLU's output, d gate, d up, the attention norm's and the FFN norm's outputs, and the residual
   // gradient after the FFN norm's backward (wo's dy).
   int float8_producer_amax = -1;
-  // Float8 weights' amax taken by AdamW (optimizer_takes_float8_weight_amax), at the slots of
-  // float8_weight_amax_slots.
+  // Float8 weights' amax taken by AdamW (optimizer_takes_float8_weight_amax): layer * 7 + weight.
   int float8_weight_amax = -1;
   Float8ScratchSizes float8_sizes;
   Float8WeightLayout float8_weight_layout;
@@ -219,22 +218,12 @@ struct StepPlan {
 // copied run packed after the previous one (64-element aligned, like the flat layout); empty when
 // the plan has no compute copy, or is sharded (its copy covers every element of the shard). With
 // optimizer_takes_float8_weight_amax, each float8 linear's weight is a run of its own whose
-// amax slots are float8_weight_amax_slots' (rowwise: amax_columns = the weight's columns).
+// amax_slot is layer * 7 + weight.
 std::vector<ComputeCopyRange> compute_copy_ranges(const ModelConfig& model, const PlanOptions& options);
-// True when AdamW takes the amax of every float8 linear's updated master weight (copy runs with
-// amax slots, StepPlan::float8_weight_amax) and the weight cast skips its amax pass: unsharded
-// plans with a compute copy, fusion "full", and weights scaled per tensor (tensorwise) or per row
-// (rowwise, rowwise_with_gw_hp: the rows' maxima for W and the columns' for W^T).
+// True when AdamW takes the tensorwise amax of every float8 linear's updated master weight (copy
+// runs with amax slots, StepPlan::float8_weight_amax) and the weight cast skips its amax pass:
+// unsharded plans with a compute copy, tensorwise with fusion "full".
 bool optimizer_takes_float8_weight_amax(const PlanOptions& options);
-// Where AdamW puts each float8 weight's amax in StepPlan::float8_weight_amax: for layer * 7 +
-// weight, the first slot (-1: not a float8 linear) — tensorwise one slot each, at layer * 7 +
-// weight; rowwise rows + columns slots each (the rows' maxima, then the columns'), packed in order.
-struct Float8WeightAmaxSlots {
-  std::vector<int32_t> first;
-  int64_t total = 0;
-  bool rowwise = false;
-};
-Float8WeightAmaxSlots float8_weight_amax_slots(const ModelConfig& model, const PlanOptions& options);
 // Elements of the compute copy the runs describe (0 for no runs).
 int64_t compute_copy_elements(const std::vector<ComputeCopyRange>& ranges);
 

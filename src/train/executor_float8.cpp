@@ -62,19 +62,15 @@ void Executor::quantize_float8_weights(bool after_optimizer) {
   const Float8Scratch& scratch = context_.float8_scratch;
   const TensorView master = view(plan_.parameters);
   const bool amax_ready = after_optimizer && plan_.float8_weight_amax >= 0;
-  const Float8WeightAmaxSlots slots = float8_weight_amax_slots(plan_.model, plan_.options);
   for (int layer = 0; layer < static_cast<int>(plan_.model.n_layers); ++layer) {
     const auto states = float8_states(layer);
     for (int w = 0; w < kLayerWeightCount; ++w) {
       if (states[static_cast<size_t>(w)].weight.empty()) continue;
-      const ParameterInfo& info = layout_.layer(layer, static_cast<LayerWeight>(w));
-      const TensorView weight = ParameterLayout::slice(master, info);
-      TensorView ready;  // AdamW's amax of this weight (rowwise: its rows', then its columns')
-      const int32_t first = slots.first[static_cast<size_t>(layer * kLayerWeightCount + w)];
-      if (amax_ready && first >= 0) {
+      const TensorView weight = ParameterLayout::slice(master, layout_.layer(layer, static_cast<LayerWeight>(w)));
+      TensorView ready;  // AdamW's amax of this weight
+      if (amax_ready) {
         const TensorView all = view(plan_.float8_weight_amax);
-        ready = TensorView(all.as<float>() + first, DType::f32, Shape{slots.rowwise ? info.rows + info.cols : 1},
-                           all.device);
+        ready = TensorView(all.as<float>() + layer * kLayerWeightCount + w, DType::f32, Shape{1}, all.device);
       }
       quantize_weight(backend_, plan_.options.float8.recipe, weight, states[static_cast<size_t>(w)].weight,
                       scratch.activation.amax, scratch.activation_transposed.amax, ready);

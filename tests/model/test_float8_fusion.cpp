@@ -94,24 +94,14 @@ TEST(Float8Fusion, TensorwiseSwigluAmaxSameTrainingEveryPolicyAndFewerAmaxPasses
   }
 }
 
-// Producers take only tensorwise amax. AdamW also takes the rowwise recipes' weight maxima (each
-// row's for W, each column's for W^T), which the weight cast then skips: the same training, bit
-// for bit, one amax pass fewer per float8 weight and step. Blockwise takes each block's amax
-// inside its cast, so fusion changes nothing there.
-TEST(Float8Fusion, OtherRecipesTakeNoProducerAmaxAndRowwiseWeightsTakeAdamwsAmax) {
-  for (Float8Recipe recipe : {Float8Recipe::rowwise, Float8Recipe::rowwise_with_gw_hp, Float8Recipe::blockwise}) {
+TEST(Float8Fusion, OtherRecipesTakeNoProducerAmax) {
+  for (Float8Recipe recipe : {Float8Recipe::rowwise, Float8Recipe::blockwise}) {
     SCOPED_TRACE(std::string(float8_recipe_name(recipe)));
     const Trajectory fused = train(recipe, "none", true), linear = train(recipe, "none", false);
-    const bool weight_amax = recipe != Float8Recipe::blockwise;
     EXPECT_FALSE(fused.producer_amax);
-    EXPECT_EQ(fused.weight_amax, weight_amax);
-    EXPECT_FALSE(linear.weight_amax);
-    ASSERT_GT(fused.float8_linears, 0);
-    EXPECT_EQ(linear.amax_calls - fused.amax_calls, weight_amax ? fused.float8_linears * kSteps : 0);
+    EXPECT_FALSE(fused.weight_amax);
+    EXPECT_EQ(fused.amax_calls, linear.amax_calls);
     EXPECT_EQ(fused.losses, linear.losses);
-    EXPECT_EQ(fused.norms, linear.norms);
-    EXPECT_NE(fused.losses.front(), fused.losses.back()) << "training changed nothing";
-    EXPECT_EQ(0, std::memcmp(fused.parameters.data(), linear.parameters.data(), fused.parameters.size() * sizeof(float)));
   }
 }
 

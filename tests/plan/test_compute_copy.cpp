@@ -85,13 +85,10 @@ void expect_copy_holds_exactly(const PlanOptions& o, const std::string& what) {
     EXPECT_EQ(slices[i].first + slices[i].second, slices[i + 1].first) << "kept parameters packed in order";
   EXPECT_EQ(slices.back().first + slices.back().second, expected_elements);
   // The runs: consecutive over [0, total), alternating copied and not (maximal), except that with
-  // AdamW taking the float8 weights' amax each float8 weight is a run of its own: tensorwise slot
-  // layer * 7 + weight; rowwise rows + columns slots each, packed in order without overlap.
+  // AdamW taking the float8 weights' amax each float8 weight is a run of its own, slot layer * 7 + weight.
   const bool slots = optimizer_takes_float8_weight_amax(o);
   EXPECT_EQ(slots, plan.float8_weight_amax >= 0);
-  const bool rowwise = slots && float8_weight_amax_slots(model, o).rowwise;
-  EXPECT_EQ(rowwise, slots && (o.float8.recipe == Float8Recipe::rowwise || o.float8.recipe == Float8Recipe::rowwise_with_gw_hp));
-  int64_t next = 0, slotted = 0, next_slot = 0;
+  int64_t next = 0, slotted = 0;
   for (size_t r = 0; r < plan.compute_copy_ranges.size(); ++r) {
     const auto& run = plan.compute_copy_ranges[r];
     EXPECT_EQ(run.begin, next);
@@ -103,29 +100,16 @@ void expect_copy_holds_exactly(const PlanOptions& o, const std::string& what) {
       ++slotted;
       EXPECT_TRUE(slots) << "run " << r << " has an amax slot in a plan without them";
       EXPECT_FALSE(run.copied());
-      size_t index = 0;  // the parameter the run covers
-      while (index + 1 < layout.parameters().size() && layout.parameters()[index + 1].offset <= run.begin) ++index;
-      const ParameterInfo& p = layout.parameters()[index];
+      const ParameterInfo& p = layout.parameters()[size_t(run.amax_slot) + 1];  // after the embedding
       EXPECT_EQ(run.begin, p.offset) << p.name;
       EXPECT_EQ(run.count, padded(p.numel())) << p.name;
-      EXPECT_FALSE(expected_copy(model, o, index)) << p.name << " is not a float8 linear";
-      if (rowwise) {
-        EXPECT_EQ(run.amax_slot, next_slot) << p.name << ": rowwise slots packed in order";
-        EXPECT_EQ(run.amax_columns, p.cols) << p.name;
-        EXPECT_EQ(run.amax_count(), p.rows + p.cols) << p.name;
-        next_slot += p.rows + p.cols;
-      } else {
-        EXPECT_EQ(size_t(run.amax_slot), index - 1) << p.name << ": slot layer * 7 + weight";  // after the embedding
-        EXPECT_EQ(run.amax_columns, 0) << p.name;
-      }
+      EXPECT_FALSE(expected_copy(model, o, size_t(run.amax_slot) + 1)) << p.name << " is not a float8 linear";
     }
     next = run.begin + run.count;
   }
   EXPECT_EQ(next, layout.total());
   if (slots) {
     EXPECT_EQ(slotted, skipped - 2) << "every float8 linear (all but the embedding and the output) has a slot";
-    const int64_t amax_floats = plan.buffers[size_t(plan.float8_weight_amax)].shape.numel();
-    EXPECT_EQ(amax_floats, rowwise ? next_slot : model.n_layers * kLayerWeightCount);
   }
 }
 
