@@ -34,6 +34,7 @@ void MetricsLog::write(const StepMetrics& m) {
   if (m.validation_loss >= 0) j["validation_loss"] = m.validation_loss;
   if (m.sm_clock_mhz >= 0) j["sm_clock_mhz"] = m.sm_clock_mhz;
   if (m.power_watts >= 0) j["power_watts"] = m.power_watts;
+  if (m.energy_joules >= 0) j["energy_joules"] = m.energy_joules;
   if (m.communication_bytes >= 0) {
     j["ranks"] = m.ranks;
     j["gather_dtype"] = m.gather_dtype;
@@ -58,6 +59,10 @@ std::string MetricsLog::console_line(const StepMetrics& m) {
     char g[64];
     std::snprintf(g, sizeof g, "  gpu: %.0f MHz %.0f W", m.sm_clock_mhz, m.power_watts);
     out += g;
+    if (m.energy_joules >= 0) {
+      std::snprintf(g, sizeof g, " %.1f kJ", m.energy_joules / 1e3);
+      out += g;
+    }
   }
   if (m.validation_loss >= 0) {
     char v[48];

@@ -23,6 +23,9 @@ struct StepMetrics {
   double validation_loss = -1;  // < 0 when not measured at this step
   // The GPU over the interval (medians of DeviceMonitor samples); < 0 when not sampled.
   double sm_clock_mhz = -1, power_watts = -1;
+  // The GPU's energy since this process began training (its energy counter, summed over the
+  // intervals; validation and checkpoint time included); < 0 when the counter cannot be read.
+  double energy_joules = -1;
   // Sharded runs (empty / < 0 otherwise): per GPU, the dtypes weights are gathered and gradients
   // reduced in, and the bytes the step's all-gathers and reduce-scatters hold.
   std::string gather_dtype, reduce_dtype;

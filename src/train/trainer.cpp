@@ -173,6 +173,7 @@ TrainResult train(const JobConfig& config, std::ostream& log, Communicator* comm
   StepGuard guard(config.training, progress);
   DeviceMonitor monitor(backend->pci_bus_id(), 100);  // the GPU's clock and power per logged interval
   monitor.start();
+  double energy_joules = 0;  // the GPU's, since training began here (summed over the intervals)
   MetricsLog metrics(ranks.leader() ? result.run_folder + "/metrics.jsonl" : "", /*append=*/progress.step > 0);
   std::unique_ptr<TensorBoardWriter> tensorboard;
   if (config.metrics.enable_tensorboard && ranks.leader()) {
@@ -229,6 +230,7 @@ TrainResult train(const JobConfig& config, std::ostream& log, Communicator* comm
     if (const DeviceReport gpu = monitor.take(); gpu.available()) {
       m.sm_clock_mhz = gpu.sm_clock_mhz;
       m.power_watts = gpu.power_watts;
+      if (gpu.has_energy()) m.energy_joules = (energy_joules += gpu.energy_joules);
     }
     if (plan.data_parallel()) {
       m.ranks = ranks.world_size;
@@ -253,6 +255,7 @@ TrainResult train(const JobConfig& config, std::ostream& log, Communicator* comm
       tensorboard->scalar("memory/arena_gib", m.memory_gib, step);
       if (m.sm_clock_mhz >= 0) tensorboard->scalar("gpu/sm_clock_mhz", m.sm_clock_mhz, step);
       if (m.power_watts >= 0) tensorboard->scalar("gpu/power_watts", m.power_watts, step);
+      if (m.energy_joules >= 0) tensorboard->scalar("gpu/energy_kilojoules", m.energy_joules / 1e3, step);
       tensorboard->flush();
     }
     log << rank_label(ranks) << MetricsLog::console_line(m) << "\n" << std::flush;

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "core/random.h"
 #include "train/device_monitor.h"
 #include "train/metrics.h"
@@ -128,12 +130,19 @@ TEST(DeviceMonitor, MetricsCarryTheGpuOnlyWhenSampled) {
   char expected[64];
   std::snprintf(expected, sizeof expected, "gpu: %.0f MHz %.0f W", m.sm_clock_mhz, m.power_watts);
   EXPECT_NE(line.find(expected), std::string::npos) << line;
+  EXPECT_EQ(line.find("kJ"), std::string::npos) << "no energy counter, no energy: " << line;
+  m.energy_joules = std::round(random.uniform(1e3, 1e7));
+  std::snprintf(expected, sizeof expected, "gpu: %.0f MHz %.0f W %.1f kJ", m.sm_clock_mhz, m.power_watts,
+                m.energy_joules / 1e3);
+  EXPECT_NE(MetricsLog::console_line(m).find(expected), std::string::npos) << MetricsLog::console_line(m);
 
   const auto path = std::filesystem::temp_directory_path() / ("smelt_metrics_" + std::to_string(seed) + ".jsonl");
+  double first_energy = -1;  // the energy the first line carries
   {
     MetricsLog log(path.string());
     log.write(m);
-    m.sm_clock_mhz = m.power_watts = -1;
+    first_energy = m.energy_joules;
+    m.sm_clock_mhz = m.power_watts = m.energy_joules = -1;
     log.write(m);
   }
   std::ifstream in(path);
@@ -143,8 +152,10 @@ TEST(DeviceMonitor, MetricsCarryTheGpuOnlyWhenSampled) {
   std::filesystem::remove(path);
   EXPECT_NE(first.find("\"sm_clock_mhz\""), std::string::npos) << first;
   EXPECT_NE(first.find("\"power_watts\""), std::string::npos) << first;
+  EXPECT_NE(first.find("\"energy_joules\":" + nlohmann::json(first_energy).dump()), std::string::npos) << first;
   EXPECT_EQ(second.find("sm_clock_mhz"), std::string::npos) << second;
   EXPECT_EQ(second.find("power_watts"), std::string::npos) << second;
+  EXPECT_EQ(second.find("energy_joules"), std::string::npos) << second;
 }
 
 }  // namespace
