@@ -13,10 +13,7 @@
 #include <cublasLt.h>
 #include <cuda_fp8.h>
 
-#include <chrono>
-#include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "bench_support.cuh"
@@ -69,7 +66,6 @@ struct Gemm {
   const void *a_data = nullptr, *b_data = nullptr;
   void* d_data = nullptr;
   float alpha = 1.0f, beta = 0.0f;
-  int grid_sms = 0;
 
   // D (m x n, bf16, column-major) = A^T B with A (k x m) and B (k x n) e4m3, column-major,
   // per-tensor scales of 1; planned for `sm_target` SMs (0: all).
@@ -108,7 +104,6 @@ struct Gemm {
     a_data = a_codes;
     b_data = b_codes;
     d_data = out;
-    grid_sms = sm_target;
   }
   ~Gemm() {
     cublasLtMatrixLayoutDestroy(a);

@@ -227,11 +227,13 @@ TrainResult train(const JobConfig& config, std::ostream& log, Communicator* comm
     m.mfu_percent = on_gpu ? 100.0 * m.tflops / kHopperPeakTflops : -1;
     m.memory_gib = static_cast<double>(executor.arena().size()) / double(1ull << 30);
     m.elapsed_seconds = std::chrono::duration<double>(now - start).count();
-    if (const DeviceReport gpu = monitor.take(); gpu.available()) {
+    const DeviceReport gpu = monitor.take();
+    if (gpu.available()) {
       m.sm_clock_mhz = gpu.sm_clock_mhz;
       m.power_watts = gpu.power_watts;
-      if (gpu.has_energy()) m.energy_joules = (energy_joules += gpu.energy_joules);
     }
+    // Every window's energy counts, also one too short for a clock sample, or the sum falls short.
+    if (gpu.has_energy()) m.energy_joules = (energy_joules += gpu.energy_joules);
     if (plan.data_parallel()) {
       m.ranks = ranks.world_size;
       m.gather_dtype = std::string(dtype_name(communication.gather_dtype));
