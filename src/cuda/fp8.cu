@@ -19,6 +19,42 @@ __device__ __forceinline__ void store_codes(uint8_t* p, const uint8_t (&codes)[1
   *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
 }
 
+// The codes of 16 values times `scale` as one 16-byte store, bit-identical to float_to_float8 on
+// each. Without a NaN among them (the usual case) pairs go through the two-element hardware
+// conversion (cvt.rn.satfinite ...x2: rounding and saturation as float_to_float8, infinities to
+// the largest finite value), a quarter of the instructions of one element at a time, which the
+// casts are short of (about 15% of a bf16 cast's time); a NaN takes float_to_float8 for all 16,
+// as the pair conversion does not keep a NaN's sign.
+__device__ __forceinline__ void store_scaled_codes(uint8_t* p, const float (&values)[16], float scale,
+                                                   Float8Format format) {
+  float scaled[16];
+  uint32_t largest = 0;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    scaled[j] = values[j] * scale;
+    largest = max(largest, magnitude_bits(scaled[j]));
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if (largest <= numerics_detail::kFloatInfinityBits) {
+    const __nv_fp8_interpretation_t kind = format == Float8Format::e4m3 ? __NV_E4M3 : __NV_E5M2;
+    uint32_t words[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // the lower byte of each pair is the earlier element
+      const uint32_t low = __nv_cvt_float2_to_fp8x2(make_float2(scaled[4 * i], scaled[4 * i + 1]), __NV_SATFINITE, kind);
+      const uint32_t high =
+          __nv_cvt_float2_to_fp8x2(make_float2(scaled[4 * i + 2], scaled[4 * i + 3]), __NV_SATFINITE, kind);
+      words[i] = low | high << 16;
+    }
+    *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+    return;
+  }
+#endif
+  uint8_t codes[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) codes[j] = float_to_float8(scaled[j], format);
+  store_codes(p, codes);
+}
+
 // ---- amax ------------------------------------------------------------------------------------
 
 // Tensorwise: amax[0] must be 0 before the launch (memset); one atomicMax per block. Vector
@@ -143,10 +179,7 @@ __global__ void quantize_vectorized(const T* src, uint8_t* dst, int64_t count, i
     float values[16];
     load_vector(src + i, *reinterpret_cast<float(*)[kVector]>(values));
     load_vector(src + i + kVector, *reinterpret_cast<float(*)[kVector]>(values + kVector));
-    uint8_t codes[16];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) codes[j] = float_to_float8(values[j] * scale, source.format);
-    store_codes(dst + i, codes);
+    store_scaled_codes(dst + i, values, scale, source.format);
   }
 }
 
@@ -184,10 +217,7 @@ __global__ void quantize_tile(const T* src, int64_t rows, int64_t cols, uint8_t*
       if (dst) {
         const float scale = row_source.get(row);
         row_source.publish(row, scale, row_source.rowwise ? column == 0 : row == 0 && column == 0);
-        uint8_t codes[16];
-#pragma unroll
-        for (int j = 0; j < 16; ++j) codes[j] = float_to_float8(values[j] * scale, row_source.format);
-        store_codes(dst + row * cols + column, codes);
+        store_scaled_codes(dst + row * cols + column, values, scale, row_source.format);
       }
     }
   }
@@ -197,10 +227,10 @@ __global__ void quantize_tile(const T* src, int64_t rows, int64_t cols, uint8_t*
   if (row >= rows || column >= cols) return;
   const float scale = column_source.get(column);
   column_source.publish(column, scale, column_source.rowwise ? row == 0 : row == 0 && column == 0);
-  uint8_t codes[16];
+  float values[16];
 #pragma unroll
-  for (int j = 0; j < 16; ++j) codes[j] = float_to_float8(tile[r + j][c] * scale, column_source.format);
-  store_codes(dst_transposed + column * rows + row, codes);
+  for (int j = 0; j < 16; ++j) values[j] = tile[r + j][c];
+  store_scaled_codes(dst_transposed + column * rows + row, values, scale, column_source.format);
 }
 
 // Cast + transpose for any shape: dst (cols, rows) through a 32 x 32 shared tile, one element per thread.

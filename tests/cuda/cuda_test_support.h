@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -97,13 +98,26 @@ inline void expect_close(const HostTensor& want, const HostTensor& got, double t
 
 inline void expect_bits_equal(const HostTensor& want, const HostTensor& got, const std::string& what) {
   ASSERT_EQ(want.view.bytes(), got.view.bytes()) << what;
-  int64_t mismatches = 0;
+  int64_t mismatches = 0, first = -1;
   const auto* a = static_cast<const unsigned char*>(want.view.data);
   const auto* b = static_cast<const unsigned char*>(got.view.data);
   const size_t element = dtype_size(want.view.dtype);
   for (int64_t i = 0; i < want.numel(); ++i)
-    if (std::memcmp(a + i * element, b + i * element, element) != 0) ++mismatches;
-  EXPECT_EQ(mismatches, 0) << what << ": " << mismatches << " of " << want.numel() << " elements differ in bits";
+    if (std::memcmp(a + i * element, b + i * element, element) != 0 && mismatches++ == 0) first = i;
+  // The first difference's bytes, in hex, lowest address first.
+  auto bytes_at = [&](const unsigned char* p) {
+    std::string text;
+    char digits[4];
+    for (size_t k = 0; k < element; ++k) {
+      std::snprintf(digits, sizeof(digits), "%02x", p[first * int64_t(element) + int64_t(k)]);
+      text += digits;
+    }
+    return text;
+  };
+  EXPECT_EQ(mismatches, 0) << what << ": " << mismatches << " of " << want.numel() << " elements differ in bits"
+                           << (first < 0 ? std::string()
+                                         : ", the first at element " + std::to_string(first) + ": want 0x" +
+                                               bytes_at(a) + ", got 0x" + bytes_at(b));
 }
 
 inline GemmArgs gemm_args(TensorView a, bool transpose_a, TensorView b, bool transpose_b, TensorView out) {

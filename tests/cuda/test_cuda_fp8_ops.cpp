@@ -3,6 +3,7 @@
 // the kernel (scales written back), row-major, transposed, and both layouts from one read. Shapes
 // and offsets cover the 16-byte vector and tile kernels and the element-wise fallbacks.
 #include <cstring>
+#include <limits>
 
 #include "core/numerics.h"
 #include "cuda_test_support.h"
@@ -147,6 +148,78 @@ TEST_F(CudaFloat8Ops, CastsWithScalesFromAmaxMatchCpuInEveryLayout) {
             expect_bits_equal(one_scale, download(device.scale), name(c, source, (what + "scale").c_str()) + suffix);
           }
         }
+}
+
+// Values the cast must round, saturate or pass through exactly as the CPU does, in both layouts
+// from one read (e4m3 rows, e5m2 columns) and in the row-major and transposed casts alone, at a
+// given scale that takes the larger normal draws past e4m3's 448: infinities, values far past
+// either format's largest, negative zero, values that round to zero or to subnormals, and NaN of
+// either sign. NaN sits in a few places only, so most 16-element groups hold infinities but no NaN
+// (the kernels treat the two kinds of group differently) and a few hold both. One difference is
+// expected: a negative NaN times the scale is the GPU's canonical (positive) NaN, so its code is
+// 0x7F where the CPU, which keeps the sign through the multiply, writes 0xFF.
+TEST_F(CudaFloat8Ops, CastsOfSpecialValuesMatchCpu) {
+  const double specials[] = {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(), 1e30,
+                             -3e5, 12.0, -0.0, 1e-30, 3e-6, -2e-9, 0.0};
+  for (const Case& c : {Case{64, 128, false}, Case{48, 40, false}, Case{37, 300, false}})
+    for (DType source : kSourceTypes) {
+      HostTensor x = random_tensor(source, Shape{c.rows, c.cols}, 131 + uint64_t(c.rows + c.cols), 7.0);
+      Random random(uint64_t(c.rows * 7 + c.cols));
+      for (int64_t i = 0; i < x.numel(); ++i)
+        if (random.below(16) == 0) x.set(i, specials[random.below(sizeof(specials) / sizeof(specials[0]))]);
+      const int64_t positive_nan = 3 * c.cols + 5, negative_nan = (c.rows - 2) * c.cols + c.cols / 2;
+      x.set(positive_nan, std::numeric_limits<double>::quiet_NaN());
+      if (source == DType::f32) x.view.as<uint32_t>()[negative_nan] = 0xFFC00000u;
+      else x.view.as<uint16_t>()[negative_nan] = 0xFFC0u;
+      const TensorView d_x = upload(x);
+      // The CPU's codes with the negative NaN's made positive (dst row-major, or transposed).
+      auto as_on_gpu = [&](HostTensor codes, bool transposed) {
+        const int64_t at = transposed ? (negative_nan % c.cols) * c.rows + negative_nan / c.cols : negative_nan;
+        EXPECT_EQ(codes.view.as<uint8_t>()[at], 0xFF) << "the CPU keeps a negative NaN's sign";
+        codes.view.as<uint8_t>()[at] = 0x7F;
+        return codes;
+      };
+      HostTensor scale(DType::f32, Shape{1});
+      scale.set(0, 40.0);
+      const TensorView d_scale = upload(scale);
+
+      HostTensor dst(DType::e4m3, Shape{c.rows, c.cols}), dst_t(DType::e5m2, Shape{c.cols, c.rows});
+      QuantizeArgs q;
+      q.src = x.view;
+      q.dst = dst.view;
+      q.scale = scale.view;
+      q.dst_transposed = dst_t.view;
+      q.scale_transposed = scale.view;
+      cpu_->quantize(q);
+      QuantizeArgs d = q;
+      d.src = d_x;
+      d.dst = poisoned(DType::e4m3, Shape{c.rows, c.cols});
+      d.scale = d_scale;
+      d.dst_transposed = poisoned(DType::e5m2, Shape{c.cols, c.rows});
+      d.scale_transposed = d_scale;
+      cuda_->quantize(d);
+      expect_bits_equal(as_on_gpu(dst, false), download(d.dst), name(c, source, "special values, both layouts: dst"));
+      expect_bits_equal(as_on_gpu(dst_t, true), download(d.dst_transposed),
+                        name(c, source, "special values, both layouts: dst^T"));
+
+      for (bool transpose : {false, true}) {
+        const Shape shape = transpose ? Shape{c.cols, c.rows} : Shape{c.rows, c.cols};
+        HostTensor one(DType::e5m2, shape);
+        QuantizeArgs single;
+        single.src = x.view;
+        single.dst = one.view;
+        single.scale = scale.view;
+        single.transpose = transpose;
+        cpu_->quantize(single);
+        QuantizeArgs device = single;
+        device.src = d_x;
+        device.dst = poisoned(DType::e5m2, shape);
+        device.scale = d_scale;
+        cuda_->quantize(device);
+        expect_bits_equal(as_on_gpu(one, transpose), download(device.dst),
+                          name(c, source, transpose ? "special values, transposed" : "special values, row-major"));
+      }
+    }
 }
 
 // The byte transpose that makes a tensorwise W^T from W: random codes (every byte value), on the
