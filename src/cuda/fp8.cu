@@ -100,48 +100,59 @@ __global__ void amax_rows(const T* x, int64_t cols, uint32_t* amax_bits) {
   if (threadIdx.x == 0) amax_bits[blockIdx.x] = maximum;
 }
 
-// Per row and per column from one read, over tiles of 64 rows x 256 columns: block (32, 8),
-// each thread 8 consecutive columns of 8 rows. Row maxima reduce across the warp, column
-// maxima across the block's 8 warps; one atomicMax per row and per column of the tile. Both
-// outputs must be zeroed before the launch; either may be null.
+// Per row and per column from one read, over tiles of 64 rows x 256 * Vectors columns: block
+// (32, 8), each thread Vectors x 8 columns (256 apart) of 8 rows. Row maxima reduce across the
+// warp, column maxima across the block's 8 warps; one atomicMax per row and per column of the tile.
+// Vectors = 2 halves the row reductions per element, which wide bf16 activations are short of
+// (8192 x 14336: 2.6 -> 3.2 TB/s); it needs vector loads, cols a multiple of its 512 columns and
+// enough tiles to fill the GPU. Both outputs must be zeroed before the launch; either may be null.
 constexpr int kStripRows = 64, kStripColumns = 256;
 
-template <typename T, bool Vectorized>
+template <typename T, bool Vectorized, int Vectors>
 __global__ void amax_rows_and_columns(const T* x, int64_t rows, int64_t cols, uint32_t* row_bits,
                                       uint32_t* column_bits) {
-  __shared__ uint32_t column_partial[8][kStripColumns];
-  const int64_t column0 = int64_t(blockIdx.x) * kStripColumns + threadIdx.x * kVector;
+  constexpr int kTileColumns = kStripColumns * Vectors;
+  __shared__ uint32_t column_partial[8][kTileColumns];
+  const int64_t tile_column0 = int64_t(blockIdx.x) * kTileColumns;
   const int64_t row0 = int64_t(blockIdx.y) * kStripRows;
-  uint32_t column_maximum[kVector] = {};
+  uint32_t column_maximum[Vectors][kVector] = {};
   for (int i = 0; i < kStripRows / 8; ++i) {
     const int64_t r = row0 + threadIdx.y + 8 * i;
     if (r >= rows) break;  // rows are uniform across the warp
-    float values[kVector];
-    if (Vectorized && column0 < cols) {
-      load_vector(x + r * cols + column0, values);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kVector; ++j) values[j] = column0 + j < cols ? load_float(x, r * cols + column0 + j) : 0.0f;
-    }
     uint32_t row_maximum = 0;
 #pragma unroll
-    for (int j = 0; j < kVector; ++j) {
-      const uint32_t bits = magnitude_bits(values[j]);
-      row_maximum = max(row_maximum, bits);
-      column_maximum[j] = max(column_maximum[j], bits);
+    for (int v = 0; v < Vectors; ++v) {
+      const int64_t column0 = tile_column0 + v * kStripColumns + threadIdx.x * kVector;
+      float values[kVector];
+      // Vectors > 1 needs cols a multiple of the tile's columns: no bounds check between the loads.
+      if (Vectorized && (Vectors > 1 || column0 < cols)) {
+        load_vector(x + r * cols + column0, values);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVector; ++j) values[j] = column0 + j < cols ? load_float(x, r * cols + column0 + j) : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kVector; ++j) {
+        const uint32_t bits = magnitude_bits(values[j]);
+        row_maximum = max(row_maximum, bits);
+        column_maximum[v][j] = max(column_maximum[v][j], bits);
+      }
     }
     row_maximum = warp_max_bits(row_maximum);
     if (row_bits && threadIdx.x == 0) atomicMax(row_bits + r, row_maximum);
   }
 #pragma unroll
-  for (int j = 0; j < kVector; ++j) column_partial[threadIdx.y][threadIdx.x * kVector + j] = column_maximum[j];
+  for (int v = 0; v < Vectors; ++v)
+#pragma unroll
+    for (int j = 0; j < kVector; ++j)
+      column_partial[threadIdx.y][v * kStripColumns + threadIdx.x * kVector + j] = column_maximum[v][j];
   __syncthreads();
   if (!column_bits) return;
-  for (int c = threadIdx.y * 32 + threadIdx.x; c < kStripColumns; c += 256) {
+  for (int c = threadIdx.y * 32 + threadIdx.x; c < kTileColumns; c += 256) {
     uint32_t maximum = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) maximum = max(maximum, column_partial[k][c]);
-    const int64_t column = int64_t(blockIdx.x) * kStripColumns + c;
+    const int64_t column = tile_column0 + c;
     if (column < cols) atomicMax(column_bits + column, maximum);
   }
 }
@@ -381,12 +392,20 @@ void amax(CudaContext& context, const AmaxArgs& args) {
     if (!column_bits) return;
     if (row_bits) SMELT_CUDA_CHECK(cudaMemsetAsync(row_bits, 0, size_t(rows) * sizeof(uint32_t), context.stream));
     SMELT_CUDA_CHECK(cudaMemsetAsync(column_bits, 0, size_t(cols) * sizeof(uint32_t), context.stream));
-    const dim3 grid(unsigned((cols + kStripColumns - 1) / kStripColumns), unsigned((rows + kStripRows - 1) / kStripRows));
+    const int64_t row_tiles = (rows + kStripRows - 1) / kStripRows;
     const dim3 block(32, 8);
-    if (vectorized)
-      amax_rows_and_columns<T, true><<<grid, block, 0, context.stream>>>(x, rows, cols, row_bits, column_bits);
-    else
-      amax_rows_and_columns<T, false><<<grid, block, 0, context.stream>>>(x, rows, cols, row_bits, column_bits);
+    // Two vectors per thread where the wider tiles still make four blocks per multiprocessor.
+    if (vectorized && cols % (2 * kStripColumns) == 0 &&
+        cols / (2 * kStripColumns) * row_tiles >= 4 * int64_t(context.multiprocessors)) {
+      const dim3 grid(unsigned(cols / (2 * kStripColumns)), unsigned(row_tiles));
+      amax_rows_and_columns<T, true, 2><<<grid, block, 0, context.stream>>>(x, rows, cols, row_bits, column_bits);
+    } else {
+      const dim3 grid(unsigned((cols + kStripColumns - 1) / kStripColumns), unsigned(row_tiles));
+      if (vectorized)
+        amax_rows_and_columns<T, true, 1><<<grid, block, 0, context.stream>>>(x, rows, cols, row_bits, column_bits);
+      else
+        amax_rows_and_columns<T, false, 1><<<grid, block, 0, context.stream>>>(x, rows, cols, row_bits, column_bits);
+    }
     SMELT_CUDA_LAUNCH_CHECK("amax_rows_and_columns");
   });
 }
