@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "data/temporary_folder.h"
+#include "support/temporary_folder.h"
 #include "model/model_config.h"
 #include "train/checkpoint.h"
 

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/temporary_folder.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -60,10 +62,9 @@ TEST(Cli, UnknownOverrideKeyExitsWithTwoAndNamesTheKey) {
 }
 
 TEST(Cli, BadValueInAFileNamesFileLineAndKey) {
-  const fs::path file = fs::temp_directory_path() / ("smelt_cli_" + std::to_string(::getpid()) + ".toml");
-  std::ofstream(file) << "[training]\nsteps = 10\nseq_len = \"long\"\n";
+  const smelt::testing_support::TemporaryFolder folder;
+  const fs::path file = folder.write("bad_value.toml", "[training]\nsteps = 10\nseq_len = \"long\"\n");
   Outcome o = run_smelt("train --config " + file.string());
-  fs::remove(file);
   EXPECT_EQ(o.exit_code, 2);
   EXPECT_NE(o.output.find("seq_len"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find(file.filename().string()), std::string::npos) << o.output;
@@ -97,8 +98,8 @@ TEST(Cli, CudaWithoutAGpuIsAClearError) {
 // Calibration: the per-op times a traced bench measures become the planner's costs, so the
 // calibrated prediction lands near the measured speed (the uncalibrated one is a roofline guess).
 TEST(Cli, BenchCalibrationFeedsThePlannersCostModel) {
-  const fs::path folder = fs::temp_directory_path() / ("smelt-calibrate-" + std::to_string(::getpid()));
-  fs::create_directories(folder);
+  const smelt::testing_support::TemporaryFolder temporary;  // removed with what it holds, however the test ends
+  const fs::path folder = temporary.path();
   const std::string model = " --config " + config("debug.toml") +
                             " --model.tokenizer_path=byte --model.n_layers=2 --training.seq_len=64";
   const std::string cache = (folder / "timings.json").string();
@@ -122,5 +123,4 @@ TEST(Cli, BenchCalibrationFeedsThePlannersCostModel) {
   Outcome bad = run_smelt("plan" + model + " --activation_checkpoint.op_timings=" + (folder / "trace.json").string());
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("op timing cache"), std::string::npos) << bad.output;
-  fs::remove_all(folder);
 }

@@ -7,42 +7,20 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "core/config.h"
 #include "core/error.h"
+#include "support/temporary_folder.h"
 
 namespace smelt {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh folder under the system temp folder, removed with everything in it.
-class TemporaryFolder {
- public:
-  TemporaryFolder() {
-    std::random_device entropy;
-    path_ = fs::temp_directory_path() /
-            ("smelt_test_config_" + std::to_string(entropy()) + "_" + std::to_string(entropy()));
-    fs::create_directories(path_);
-  }
-  ~TemporaryFolder() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    fs::path file = path_ / name;
-    std::ofstream(file) << text;
-    return file.string();
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using testing_support::TemporaryFolder;
 
 // Runs `action`, expects a config error whose message contains every one of `needles`.
 void expect_config_error(const std::function<void()>& action, const std::vector<std::string>& needles) {
@@ -263,9 +241,9 @@ TEST(Config, SyntaxErrorNamesFileLineAndColumn) {
 
 TEST(Config, MissingFileNamesThePath) {
   TemporaryFolder folder;
-  std::string path = (folder.path() / "absent.toml").string();
+  std::string path = folder.path("absent.toml");
   expect_config_error([&] { load_config_file(path); }, {path, "does not exist"});
-  expect_config_error([&] { load_config_file(folder.path().string()); }, {folder.path().string(), "folder"});
+  expect_config_error([&] { load_config_file(folder.path()); }, {folder.path(), "folder"});
 }
 
 TEST(Config, ValidateChecksValuesSetInCode) {

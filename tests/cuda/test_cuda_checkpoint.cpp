@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "cuda/cuda_backend.h"
-#include "data/temporary_folder.h"
+#include "support/temporary_folder.h"
 #include "dist/nccl_communicator.h"
 #include "train/checkpoint.h"
 #include "train/safetensors.h"

@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "data/bpe_trainer.h"
 #include "data/pretokenize.h"
-#include "data/temporary_folder.h"
+#include "support/temporary_folder.h"
 #include "data/tiktoken_file.h"
 #include "data/tokenizer.h"
 

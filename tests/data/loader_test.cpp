@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "data/loader.h"
 #include "data/prepare.h"
-#include "data/temporary_folder.h"
+#include "support/temporary_folder.h"
 #include "data/token_shard.h"
 
 namespace smelt {

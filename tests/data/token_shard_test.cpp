@@ -6,7 +6,7 @@
 #include <random>
 
 #include "core/error.h"
-#include "data/temporary_folder.h"
+#include "support/temporary_folder.h"
 #include "data/token_shard.h"
 
 namespace smelt {

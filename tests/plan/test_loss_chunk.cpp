@@ -3,9 +3,9 @@
 // here for every candidate, on random model shapes.
 #include <gtest/gtest.h>
 
-#include <random>
 
 #include "core/random.h"
+#include "support/fresh_random.h"
 #include "model/model_fixture.h"
 #include "plan/loss_chunk.h"
 
@@ -32,9 +32,7 @@ size_t arena_with_chunk(const ModelConfig& model, PlanOptions o, int64_t chunk) 
 }
 
 TEST(LossChunk, TheLargestDoublingThatRaisesNoPeakOnRandomShapes) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  Random random(seed);
+  testing_support::FreshRandom random;
   const char* policies[] = {"none", "selective-op", "full"};
   int grown = 0, kept = 0;
   for (int trial = 0; trial < 24; ++trial) {

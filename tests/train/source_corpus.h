@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "data/temporary_folder.h"
+#include "support/temporary_folder.h"
 
 namespace smelt::testing_support {
 

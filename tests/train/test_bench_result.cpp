@@ -3,18 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "core/random.h"
+#include "support/fresh_random.h"
 #include "train/benchmark.h"
 
 namespace smelt {
 namespace {
 
 TEST(BenchResult, JsonCarriesEveryFieldBackAsWritten) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  Random random(seed);
+  testing_support::FreshRandom random;
   auto any = [&](double low, double high) { return random.uniform(low, high); };
   BenchResult r;
   r.label = "llama3_8b x" + std::to_string(random.below(32) + 1) + " fp8-tensorwise selective-op";

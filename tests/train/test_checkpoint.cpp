@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "core/random.h"
-#include "data/temporary_folder.h"
+#include "support/temporary_folder.h"
 #include "model/model_config.h"
 #include "train/checkpoint.h"
 #include "train/safetensors.h"

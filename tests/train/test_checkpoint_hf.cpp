@@ -8,7 +8,7 @@
 #include <set>
 
 #include "core/random.h"
-#include "data/temporary_folder.h"
+#include "support/temporary_folder.h"
 #include "model/parameters.h"
 #include "train/checkpoint.h"
 #include "train/hf_weights.h"
@@ -158,16 +158,13 @@ namespace smelt {
 namespace {
 
 TEST(HfFolder, ARunFolderWithItsJobConfigIsNotAHuggingFaceFolder) {
-  namespace fs = std::filesystem;
-  const fs::path folder = fs::temp_directory_path() / ("smelt_hfdetect_" + std::to_string(::getpid()));
-  fs::create_directories(folder);
-  std::ofstream(folder / "config.json") << R"({"job": {"name": "debug"}, "model": {"flavor": "debugmodel"}})";
-  EXPECT_FALSE(is_hf_folder(folder.string()));
-  std::ofstream(folder / "config.json") << R"({"model_type": "llama", "hidden_size": 64})";
-  EXPECT_TRUE(is_hf_folder(folder.string()));
-  std::ofstream(folder / "config.json") << "{ not json";
-  EXPECT_FALSE(is_hf_folder(folder.string()));
-  fs::remove_all(folder);
+  const testing_support::TemporaryFolder folder;
+  folder.write("config.json", R"({"job": {"name": "debug"}, "model": {"flavor": "debugmodel"}})");
+  EXPECT_FALSE(is_hf_folder(folder.path()));
+  folder.write("config.json", R"({"model_type": "llama", "hidden_size": 64})");
+  EXPECT_TRUE(is_hf_folder(folder.path()));
+  folder.write("config.json", "{ not json");
+  EXPECT_FALSE(is_hf_folder(folder.path()));
 }
 
 }  // namespace

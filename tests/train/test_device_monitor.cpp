@@ -7,11 +7,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <random>
 
 #include <nlohmann/json.hpp>
 
 #include "core/random.h"
+#include "support/fresh_random.h"
+#include "support/temporary_folder.h"
 #include "train/device_monitor.h"
 #include "train/metrics.h"
 
@@ -19,9 +20,7 @@ namespace smelt {
 namespace {
 
 TEST(DeviceMonitor, SummaryMatchesMediansMaximaAndReasonCountsTakenHere) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  Random random(seed);
+  testing_support::FreshRandom random;
   for (int count : {1, 2, 7, 40, 41}) {
     std::vector<DeviceSample> samples(static_cast<size_t>(count));
     const uint64_t reason_bits[] = {clock_reason::kIdle, clock_reason::kSoftwarePowerCap, clock_reason::kHardwareSlowdown,
@@ -71,9 +70,7 @@ TEST(DeviceMonitor, SummaryMatchesMediansMaximaAndReasonCountsTakenHere) {
 // With the energy counter read over a window, the line adds the joules and the mean power they
 // give; the mean is computed here from the same two numbers.
 TEST(DeviceMonitor, DescriptionAddsTheEnergyCountersMeanPower) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  Random random(seed);
+  testing_support::FreshRandom random;
   std::vector<DeviceSample> samples(5);
   for (auto& s : samples) s.sm_clock_mhz = s.power_watts = s.temperature_c = random.uniform(50, 600);
   DeviceReport r = summarize_device_samples(samples, 1980, 700);
@@ -122,8 +119,7 @@ TEST(DeviceMonitor, MetricsCarryTheGpuOnlyWhenSampled) {
   m.step = 7;
   m.loss = 2.5;
   EXPECT_EQ(MetricsLog::console_line(m).find("gpu:"), std::string::npos);
-  const uint64_t seed = std::random_device{}();
-  Random random(seed);
+  testing_support::FreshRandom random;
   m.sm_clock_mhz = std::round(random.uniform(1000, 1980));
   m.power_watts = std::round(random.uniform(100, 700));
   const std::string line = MetricsLog::console_line(m);
@@ -136,10 +132,11 @@ TEST(DeviceMonitor, MetricsCarryTheGpuOnlyWhenSampled) {
                 m.energy_joules / 1e3);
   EXPECT_NE(MetricsLog::console_line(m).find(expected), std::string::npos) << MetricsLog::console_line(m);
 
-  const auto path = std::filesystem::temp_directory_path() / ("smelt_metrics_" + std::to_string(seed) + ".jsonl");
+  const testing_support::TemporaryFolder folder;
+  const std::string path = folder.path("metrics.jsonl");
   double first_energy = -1;  // the energy the first line carries
   {
-    MetricsLog log(path.string());
+    MetricsLog log(path);
     log.write(m);
     first_energy = m.energy_joules;
     m.sm_clock_mhz = m.power_watts = m.energy_joules = -1;
@@ -149,7 +146,6 @@ TEST(DeviceMonitor, MetricsCarryTheGpuOnlyWhenSampled) {
   std::string first, second;
   std::getline(in, first);
   std::getline(in, second);
-  std::filesystem::remove(path);
   EXPECT_NE(first.find("\"sm_clock_mhz\""), std::string::npos) << first;
   EXPECT_NE(first.find("\"power_watts\""), std::string::npos) << first;
   EXPECT_NE(first.find("\"energy_joules\":" + nlohmann::json(first_energy).dump()), std::string::npos) << first;

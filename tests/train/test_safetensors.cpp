@@ -2,21 +2,14 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 
 #include "core/error.h"
 #include "core/random.h"
+#include "support/temporary_folder.h"
 #include "train/safetensors.h"
 
 namespace smelt {
 namespace {
-
-namespace fs = std::filesystem;
-
-fs::path temp_file(const std::string& name) {
-  return fs::temp_directory_path() / ("smelt_st_" + std::to_string(::getpid()) + "_" + name);
-}
 
 TEST(Safetensors, RoundTripsTensorsAndMetadata) {
   Random random(3);
@@ -24,31 +17,30 @@ TEST(Safetensors, RoundTripsTensorsAndMetadata) {
   std::vector<uint16_t> b(5);
   for (auto& x : a) x = static_cast<float>(random.normal());
   for (auto& x : b) x = static_cast<uint16_t>(random.below(65536));
-  const fs::path path = temp_file("round.safetensors");
-  save_safetensors(path.string(), {{"w.a", DType::f32, {6, 7}, a.data()}, {"w.b", DType::bf16, {5}, b.data()}},
+  const testing_support::TemporaryFolder folder;
+  const std::string path = folder.path("round.safetensors");
+  save_safetensors(path, {{"w.a", DType::f32, {6, 7}, a.data()}, {"w.b", DType::bf16, {5}, b.data()}},
                    {{"note", "hello"}});
-  SafetensorsFile f = load_safetensors(path.string());
+  SafetensorsFile f = load_safetensors(path);
   EXPECT_EQ(f.metadata.at("note"), "hello");
   EXPECT_EQ(f.entry("w.a").shape, (std::vector<int64_t>{6, 7}));
   EXPECT_EQ(f.entry("w.b").dtype, DType::bf16);
   EXPECT_EQ(std::memcmp(f.bytes_of("w.a"), a.data(), a.size() * 4), 0);
   EXPECT_EQ(std::memcmp(f.bytes_of("w.b"), b.data(), b.size() * 2), 0);
   EXPECT_THROW(f.entry("missing"), Error);
-  fs::remove(path);
 }
 
 void expect_rejected(const std::string& bytes, const std::string& fragment) {
-  const fs::path path = temp_file("bad.safetensors");
-  std::ofstream(path, std::ios::binary) << bytes;
+  const testing_support::TemporaryFolder folder;
+  const std::string path = folder.write("bad.safetensors", bytes);
   try {
-    load_safetensors(path.string());
+    load_safetensors(path);
     ADD_FAILURE() << "accepted a file that should fail with '" << fragment << "'";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::input);
-    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
   }
-  fs::remove(path);
 }
 
 std::string with_header(const std::string& json, const std::string& data) {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "support/temporary_folder.h"
 #include "train/tensorboard.h"
 
 namespace smelt {
@@ -79,7 +80,8 @@ Scalar decode_event(const std::string& event) {
 }
 
 TEST(TensorBoard, WritesFramedEventsWithScalars) {
-  const fs::path folder = fs::temp_directory_path() / ("smelt_tb_" + std::to_string(::getpid()));
+  const testing_support::TemporaryFolder temporary;  // removed with what it holds, however the test ends
+  const fs::path folder = temporary.path();
   std::string path;
   {
     TensorBoardWriter writer(folder.string());
@@ -115,7 +117,6 @@ TEST(TensorBoard, WritesFramedEventsWithScalars) {
   EXPECT_EQ(events[2].tag, "throughput/tokens_per_second");
   EXPECT_FLOAT_EQ(events[2].value, 33602.0f);
   EXPECT_EQ(events[2].step, 8);
-  fs::remove_all(folder);
 }
 
 }  // namespace

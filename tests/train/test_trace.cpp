@@ -6,12 +6,11 @@
 #include <fstream>
 #include <sstream>
 
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 
 #include "core/random.h"
 #include "dist/sharded_fixture.h"
+#include "support/temporary_folder.h"
 #include "train/trace.h"
 
 namespace smelt {
@@ -50,8 +49,8 @@ TEST(ChromeTrace, CollectivesGetACommunicationTrackAtTheirOwnTimes) {
   }
   ASSERT_GT(timed.size(), 4u);
   windows[timed.back()] = {2.0, 1.0};  // ends before it starts: not drawn
-  const fs::path folder = fs::temp_directory_path() / ("smelt_trace_" + std::to_string(::getpid()));
-  fs::create_directories(folder);
+  const testing_support::TemporaryFolder temporary;  // removed with what it holds, however the test ends
+  const fs::path folder = temporary.path();
 
   write_chrome_trace((folder / "with.json").string(), plan, ms, windows);
   const nlohmann::json with = read_json(folder / "with.json");
@@ -83,9 +82,11 @@ TEST(ChromeTrace, CollectivesGetACommunicationTrackAtTheirOwnTimes) {
   // Without windows (the CPU's ranks as threads, unsharded plans): no communication track.
   write_chrome_trace((folder / "without.json").string(), plan, ms);
   const nlohmann::json without = read_json(folder / "without.json");  // kept alive while iterated
-  for (const auto& e : without["traceEvents"])
-    if (e.contains("tid")) EXPECT_EQ(e["tid"], 1) << e.dump();
-  fs::remove_all(folder);
+  for (const auto& e : without["traceEvents"]) {
+    if (e.contains("tid")) {
+      EXPECT_EQ(e["tid"], 1) << e.dump();
+    }
+  }
 }
 
 }  // namespace

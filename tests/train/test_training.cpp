@@ -39,7 +39,8 @@ double unigram_entropy(const std::string& text) {
 }
 
 TEST(Training, DebugModelLearnsRealTextWithinTwoHundredSteps) {
-  const fs::path folder = fs::temp_directory_path() / ("smelt_training_" + std::to_string(::getpid()));
+  const testing_support::TemporaryFolder temporary;  // removed with what it holds, however the test ends
+  const fs::path folder = temporary.path();
   const std::string text = write_corpus(folder / "data");
   ASSERT_GT(text.size(), 100000u);
 
@@ -81,7 +82,6 @@ TEST(Training, DebugModelLearnsRealTextWithinTwoHundredSteps) {
     EXPECT_GT(j["tokens_per_second"].get<double>(), 0);
   }
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 50, 100, 150, 200}));
-  fs::remove_all(folder);
 }
 
 TEST(LrSchedule, WarmupThenLinearAndCosineDecay) {
