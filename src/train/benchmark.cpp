@@ -84,9 +84,10 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   r.layers = setup.model.n_layers;
   r.label = setup.model.flavor + " x" + std::to_string(r.layers) + " " + r.precision + " " + r.policy + " b" +
             std::to_string(r.batch) + " s" + std::to_string(r.seq_len);
-  if (plan.data_parallel())
-    r.label += " " + std::string(plan.sharded() ? "fsdp" : "dp") + std::to_string(ranks.world_size) + " " +
-               ranks.communicator->name();
+  if (plan.data_parallel()) {
+    r.label += plan.sharded() ? " fsdp" : " dp";
+    r.label += std::to_string(ranks.world_size) + " " + ranks.communicator->name();
+  }
   r.predicted_bytes = plan.memory.arena_bytes;
   log << "bench: " << describe(setup.model) << "\n" << "plan: " << plan_summary_line(plan) << "\n" << std::flush;
 

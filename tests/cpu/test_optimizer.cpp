@@ -162,7 +162,9 @@ TEST(Adamw, CopyRunsGiveTheSameUpdateAsOneCopyOfEverything) {
         for (int64_t i = 0; i < count; ++i)
           ASSERT_NE(whole.copy[size_t(i)], 0xFFFF) << "the whole copy left element " << i << " unwritten";
       }
-      if (max_norm > 0) EXPECT_TRUE(clipped) << "the clipping case never clipped; the test would prove nothing";
+      if (max_norm > 0) {
+        EXPECT_TRUE(clipped) << "the clipping case never clipped; the test would prove nothing";
+      }
     }
 }
 

@@ -167,7 +167,9 @@ TEST(NcclCommunicator, TheFsdpScheduleOverOneGpuMatchesTheUnshardedRun) {
     for (size_t i = 0; i < plan.steps.size(); ++i) {
       const StepKind kind = plan.steps[i].kind;
       if (kind != StepKind::all_gather && kind != StepKind::reduce_scatter) {
-        if (kind == StepKind::layer_forward) EXPECT_EQ(windows[i].first, -1.0) << plan.steps[i].name();
+        if (kind == StepKind::layer_forward) {
+          EXPECT_EQ(windows[i].first, -1.0) << plan.steps[i].name();
+        }
         continue;
       }
       ++collectives;

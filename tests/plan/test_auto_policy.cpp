@@ -59,9 +59,11 @@ TEST(AutoPolicy, ChosenPlanFitsEveryRandomBudgetAndBeatsFixedPolicies) {
     StepPlan rebuilt = build_step_plan(model, result.plan.options);
     EXPECT_EQ(rebuilt.memory.arena_bytes, result.plan.memory.arena_bytes);
     EXPECT_EQ(result.plan.options.policy.mode, CheckpointMode::automatic);
-    for (const auto& f : fixed_plans)
-      if (static_cast<double>(f.memory.arena_bytes) <= budget)
+    for (const auto& f : fixed_plans) {
+      if (static_cast<double>(f.memory.arena_bytes) <= budget) {
         EXPECT_LE(result.time.seconds, cost.predict(f).seconds * (1 + 1e-9)) << f.options.policy.str() << " trial " << trial;
+      }
+    }
   }
 }
 

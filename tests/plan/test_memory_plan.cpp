@@ -18,7 +18,9 @@ void expect_valid_packing(const std::vector<BufferRequest>& requests, const Memo
       const auto &a = requests[i], &b = requests[j];
       bool live_together = a.first_step <= b.last_step && b.first_step <= a.last_step;
       bool memory_overlaps = plan.offsets[i] < plan.offsets[j] + b.bytes && plan.offsets[j] < plan.offsets[i] + a.bytes;
-      if (a.bytes > 0 && b.bytes > 0) EXPECT_FALSE(live_together && memory_overlaps) << a.name << " and " << b.name;
+      if (a.bytes > 0 && b.bytes > 0) {
+        EXPECT_FALSE(live_together && memory_overlaps) << a.name << " and " << b.name;
+      }
     }
   }
   EXPECT_GE(plan.arena_bytes, plan.peak_live_bytes);
