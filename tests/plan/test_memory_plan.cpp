@@ -2,9 +2,11 @@
 // holds them all, and memory is reused when lifetimes do not overlap.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "core/error.h"
 #include "core/memory_plan.h"
-#include "core/random.h"
+#include "support/fresh_random.h"
 
 namespace smelt {
 namespace {
@@ -27,7 +29,7 @@ void expect_valid_packing(const std::vector<BufferRequest>& requests, const Memo
 }
 
 TEST(MemoryPlan, RandomBuffersNeverOverlapWhileLive) {
-  Random random(7);
+  testing_support::FreshRandom random;
   for (int trial = 0; trial < 50; ++trial) {
     const int steps = 1 + static_cast<int>(random.below(40));
     std::vector<BufferRequest> requests;
@@ -35,7 +37,9 @@ TEST(MemoryPlan, RandomBuffersNeverOverlapWhileLive) {
     for (int i = 0; i < count; ++i) {
       int first = static_cast<int>(random.below(static_cast<uint64_t>(steps)));
       int last = first + static_cast<int>(random.below(static_cast<uint64_t>(steps - first)));
-      requests.push_back({"b" + std::to_string(i), 1 + random.below(100000), first, last, BufferClass::activations});
+      std::string name = "b";
+      name += std::to_string(i);
+      requests.push_back({name, 1 + random.below(100000), first, last, BufferClass::activations});
     }
     MemoryPlan plan = pack_buffers(requests, steps);
     expect_valid_packing(requests, plan);
