@@ -46,19 +46,17 @@ int main(int argc, char** argv) {
     workspace_shape.head_dim = head_dim;
     workspace_shape.compute_dtype = dtype;
     const size_t workspace = backend.workspace_bytes(workspace_shape);
-    auto bytes = [](Shape s, DType t) { return (size_t(s.numel()) * dtype_size(t) + 255) / 256 * 256; };
-    const size_t tensors = 4 * bytes(q_shape, dtype) + 4 * bytes(kv_shape, dtype) + bytes(lse_shape, DType::f32);
+    const size_t tensors = 4 * bench::padded_bytes(q_shape.numel(), dtype) +
+                           4 * bench::padded_bytes(kv_shape.numel(), dtype) +
+                           bench::padded_bytes(lse_shape.numel(), DType::f32);
     Arena arena(backend.memory(), tensors + workspace);
-    size_t offset = 0;
-    auto take = [&](Shape s, DType t) {
-      TensorView view = arena.view(offset, t, s);
-      offset += bytes(s, t);
-      return view;
-    };
-    TensorView q = take(q_shape, dtype), out = take(q_shape, dtype), grad_out = take(q_shape, dtype);
-    TensorView grad_q = take(q_shape, dtype), k = take(kv_shape, dtype), v = take(kv_shape, dtype);
-    TensorView grad_k = take(kv_shape, dtype), grad_v = take(kv_shape, dtype), lse = take(lse_shape, DType::f32);
-    backend.set_workspace(arena.view(offset, DType::f32, Shape{int64_t(workspace / 4)}));
+    bench::ArenaCarver carver(arena);
+    TensorView q = carver.take(q_shape, dtype), out = carver.take(q_shape, dtype);
+    TensorView grad_out = carver.take(q_shape, dtype), grad_q = carver.take(q_shape, dtype);
+    TensorView k = carver.take(kv_shape, dtype), v = carver.take(kv_shape, dtype);
+    TensorView grad_k = carver.take(kv_shape, dtype), grad_v = carver.take(kv_shape, dtype);
+    TensorView lse = carver.take(lse_shape, DType::f32);
+    backend.set_workspace(arena.view(carver.used(), DType::f32, Shape{int64_t(workspace / 4)}));
     bench::randomize(q, 1, 1.0f, stream);
     bench::randomize(k, 2, 1.0f, stream);
     bench::randomize(v, 3, 1.0f, stream);

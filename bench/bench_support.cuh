@@ -10,6 +10,7 @@
 #include <functional>
 #include <vector>
 
+#include "core/arena.h"
 #include "core/tensor.h"
 
 namespace smelt::bench {
@@ -40,6 +41,29 @@ inline void randomize(const TensorView& view, uint32_t seed, float scale, cudaSt
   fill_random<<<1024, 256, 0, stream>>>(view.data, view.dtype, view.numel(), seed, scale);
   check(cudaGetLastError(), "fill_random");
 }
+
+// Bytes of `count` elements of `dtype`, rounded up to 256 so that views carved one after
+// another each start 256-byte aligned.
+inline size_t padded_bytes(int64_t count, DType dtype) {
+  return (size_t(count) * dtype_size(dtype) + 255) / 256 * 256;
+}
+
+// Hands out consecutive views of an arena, each padded_bytes long; `used()` is where the next one
+// (or the backend's workspace) starts.
+class ArenaCarver {
+ public:
+  explicit ArenaCarver(const Arena& arena) : arena_(arena) {}
+  TensorView take(Shape shape, DType dtype) {
+    TensorView view = arena_.view(offset_, dtype, shape);
+    offset_ += padded_bytes(shape.numel(), dtype);
+    return view;
+  }
+  size_t used() const { return offset_; }
+
+ private:
+  const Arena& arena_;
+  size_t offset_ = 0;
+};
 
 // Median milliseconds of `repeats` timed runs after `warmup` untimed ones.
 inline double median_milliseconds(const std::function<void()>& body, cudaStream_t stream, int warmup, int repeats) {

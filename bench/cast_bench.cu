@@ -59,23 +59,20 @@ int main(int argc, char** argv) {
     auto stream = static_cast<cudaStream_t>(backend.stream());
     const int64_t max_weight = 4096 * 14336, max_side = std::max<int64_t>(tokens, 14336);
     const int64_t max_activation = tokens * 14336;
-    auto bytes = [](int64_t n, DType t) { return (size_t(n) * dtype_size(t) + 255) / 256 * 256; };
+    const auto bytes = bench::padded_bytes;
     Arena arena(backend.memory(), bytes(max_weight, DType::f32) + bytes(2 * max_weight, DType::e4m3) +
                                       bytes(max_activation, DType::bf16) + bytes(2 * max_activation, DType::e4m3) +
                                       4 * bytes(max_side, DType::f32) + bytes(4 * max_side, DType::f32));
-    size_t offset = 0;
-    auto take = [&](Shape s, DType t) {
-      TensorView view = arena.view(offset, t, s);
-      offset += bytes(s.numel(), t);
-      return view;
-    };
-    const TensorView master = take(Shape{max_weight}, DType::f32);
-    const TensorView weight_codes = take(Shape{2 * max_weight}, DType::e4m3);
-    const TensorView activation = take(Shape{max_activation}, DType::bf16);
-    const TensorView activation_codes = take(Shape{2 * max_activation}, DType::e4m3);
-    const TensorView amax = take(Shape{max_side}, DType::f32), amax_transposed = take(Shape{max_side}, DType::f32);
-    const TensorView scale = take(Shape{max_side}, DType::f32), scale_transposed = take(Shape{max_side}, DType::f32);
-    const TensorView weight_scales = take(Shape{4 * max_side}, DType::f32);
+    bench::ArenaCarver carver(arena);
+    const TensorView master = carver.take(Shape{max_weight}, DType::f32);
+    const TensorView weight_codes = carver.take(Shape{2 * max_weight}, DType::e4m3);
+    const TensorView activation = carver.take(Shape{max_activation}, DType::bf16);
+    const TensorView activation_codes = carver.take(Shape{2 * max_activation}, DType::e4m3);
+    const TensorView amax = carver.take(Shape{max_side}, DType::f32);
+    const TensorView amax_transposed = carver.take(Shape{max_side}, DType::f32);
+    const TensorView scale = carver.take(Shape{max_side}, DType::f32);
+    const TensorView scale_transposed = carver.take(Shape{max_side}, DType::f32);
+    const TensorView weight_scales = carver.take(Shape{4 * max_side}, DType::f32);
     bench::randomize(master, 11, 0.02f, stream);
     bench::randomize(activation, 12, 2.0f, stream);
     auto shaped = [](const TensorView& all, DType t, Shape s) { return TensorView(all.data, t, s, Device::cuda); };

@@ -57,27 +57,26 @@ int main(int argc, char** argv) {
     const int64_t max_rows = std::max(tokens, chunk);
     const int64_t max_activation = std::max(tokens * std::max(max_in, max_out), chunk * vocab);
     const int64_t max_weight = std::max(max_in * max_out, vocab * dim);
-    auto bytes = [](int64_t n, DType t) { return (size_t(n) * dtype_size(t) + 255) / 256 * 256; };
+    const auto bytes = bench::padded_bytes;
     const size_t workspace = backend.workspace_bytes(WorkspaceShape{});
     // bf16: x, dx, y (or logits), W; f32: dW; float8: copies of x, x^T, dy, dy^T, W, W^T, scales.
     const size_t float8_bytes = float8 ? 6 * bytes(max_activation, DType::e4m3) + 12 * bytes(8, DType::f32) : 0;
     Arena arena(backend.memory(), bytes(max_rows * max_in, DType::bf16) * 2 + bytes(max_activation, DType::bf16) +
                                       bytes(max_weight, DType::bf16) + bytes(max_weight, DType::f32) + float8_bytes +
                                       workspace);
-    size_t offset = 0;
-    auto take = [&](Shape s, DType t) {
-      TensorView view = arena.view(offset, t, s);
-      offset += bytes(s.numel(), t);
-      return view;
-    };
-    TensorView x_all = take(Shape{max_rows * max_in}, DType::bf16), dx_all = take(Shape{max_rows * max_in}, DType::bf16);
-    TensorView y_all = take(Shape{max_activation}, DType::bf16), w_all = take(Shape{max_weight}, DType::bf16);
-    TensorView dw_all = take(Shape{max_weight}, DType::f32);
+    bench::ArenaCarver carver(arena);
+    TensorView x_all = carver.take(Shape{max_rows * max_in}, DType::bf16);
+    TensorView dx_all = carver.take(Shape{max_rows * max_in}, DType::bf16);
+    TensorView y_all = carver.take(Shape{max_activation}, DType::bf16);
+    TensorView w_all = carver.take(Shape{max_weight}, DType::bf16);
+    TensorView dw_all = carver.take(Shape{max_weight}, DType::f32);
     struct Float8Buffers { TensorView values, amax, scale; };
     Float8Buffers f8[6];
     if (float8)
-      for (auto& b : f8) b = {take(Shape{max_activation}, DType::e4m3), take(Shape{8}, DType::f32), take(Shape{8}, DType::f32)};
-    backend.set_workspace(arena.view(offset, DType::f32, Shape{int64_t(workspace / 4)}));
+      for (auto& b : f8)
+        b = {carver.take(Shape{max_activation}, DType::e4m3), carver.take(Shape{8}, DType::f32),
+             carver.take(Shape{8}, DType::f32)};
+    backend.set_workspace(arena.view(carver.used(), DType::f32, Shape{int64_t(workspace / 4)}));
     bench::randomize(x_all, 1, 1.0f, stream);
     bench::randomize(y_all, 2, 1.0f, stream);
     bench::randomize(w_all, 3, 0.02f, stream);
