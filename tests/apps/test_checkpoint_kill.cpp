@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "support/temporary_folder.h"
 #include "model/model_config.h"
+#include "support/temporary_folder.h"
 #include "train/checkpoint.h"
 
 namespace smelt {

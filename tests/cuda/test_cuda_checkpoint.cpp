@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "cuda/cuda_backend.h"
-#include "support/temporary_folder.h"
 #include "dist/nccl_communicator.h"
+#include "support/temporary_folder.h"
 #include "train/checkpoint.h"
 #include "train/safetensors.h"
 #include "train/source_corpus.h"

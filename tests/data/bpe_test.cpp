@@ -8,9 +8,9 @@
 #include "core/error.h"
 #include "data/bpe_trainer.h"
 #include "data/pretokenize.h"
-#include "support/temporary_folder.h"
 #include "data/tiktoken_file.h"
 #include "data/tokenizer.h"
+#include "support/temporary_folder.h"
 
 namespace smelt {
 namespace {

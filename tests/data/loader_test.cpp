@@ -9,8 +9,8 @@
 #include "core/error.h"
 #include "data/loader.h"
 #include "data/prepare.h"
-#include "support/temporary_folder.h"
 #include "data/token_shard.h"
+#include "support/temporary_folder.h"
 
 namespace smelt {
 namespace {

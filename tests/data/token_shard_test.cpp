@@ -6,8 +6,8 @@
 #include <random>
 
 #include "core/error.h"
-#include "support/temporary_folder.h"
 #include "data/token_shard.h"
+#include "support/temporary_folder.h"
 
 namespace smelt {
 namespace {

@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "core/random.h"
-#include "support/temporary_folder.h"
 #include "model/model_config.h"
+#include "support/temporary_folder.h"
 #include "train/checkpoint.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"

@@ -3,13 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <set>
 
 #include "core/random.h"
-#include "support/temporary_folder.h"
 #include "model/parameters.h"
+#include "support/temporary_folder.h"
 #include "train/checkpoint.h"
 #include "train/hf_weights.h"
 
