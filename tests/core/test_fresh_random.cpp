@@ -50,5 +50,53 @@ TEST(FreshRandom, AMalformedReplayFailsTheTestThatReadsIt) {
   EXPECT_NONFATAL_FAILURE(testing_support::fresh_seed(), "SMELT_TEST_SEED='12x' is not a decimal number");
 }
 
+// Sets the running test's seed for one scope, restoring it after.
+class RunningSeed {
+ public:
+  explicit RunningSeed(uint64_t seed) : saved_(testing_support::running_test_seed()) {
+    testing_support::running_test_seed() = seed;
+  }
+  ~RunningSeed() { testing_support::running_test_seed() = saved_; }
+
+ private:
+  uint64_t saved_;
+};
+
+TEST(FreshSeeds, AStreamNumberGivesTheSameSeedWithinARunAndAnotherInTheNext) {
+  testing_support::FreshRandom random;
+  const uint64_t seed = random.next(), other = random.next();
+  uint64_t first_run[3], second_run[3];
+  {
+    const RunningSeed running(seed);
+    for (uint64_t stream = 0; stream < 3; ++stream) first_run[stream] = testing_support::fresh(stream);
+    EXPECT_EQ(testing_support::fresh(1), first_run[1]);
+    EXPECT_NE(first_run[0], first_run[1]);
+    EXPECT_NE(first_run[1], first_run[2]);
+  }
+  {
+    const RunningSeed running(other);
+    for (uint64_t stream = 0; stream < 3; ++stream) second_run[stream] = testing_support::fresh(stream);
+  }
+  for (int stream = 0; stream < 3; ++stream) EXPECT_NE(first_run[stream], second_run[stream]) << "stream " << stream;
+  const RunningSeed again(seed);
+  EXPECT_EQ(testing_support::fresh(2), first_run[2]);
+}
+
+TEST(FreshSeeds, TheListenerDrawsEachTestsSeedAndSmeltTestSeedReplaysIt) {
+  const RunningSeed restore(testing_support::running_test_seed());
+  testing_support::FreshSeedListener listener;
+  const ::testing::TestInfo& test = *::testing::UnitTest::GetInstance()->current_test_info();
+  {
+    const SeedVariable variable(std::string("123456789012345"));
+    listener.OnTestStart(test);
+    EXPECT_EQ(testing_support::running_test_seed(), 123456789012345u);
+  }
+  const SeedVariable variable(std::nullopt);
+  listener.OnTestStart(test);
+  const uint64_t first = testing_support::running_test_seed();
+  listener.OnTestStart(test);
+  EXPECT_NE(testing_support::running_test_seed(), first);
+}
+
 }  // namespace
 }  // namespace smelt

@@ -1,6 +1,7 @@
 // Tests of core/numerics.h: float8 e4m3/e5m2 and bfloat16 encode/decode against independent
 // formulas and brute-force references, ties, saturation, special values, and amax -> scale.
 #include "core/numerics.h"
+#include "support/fresh_random.h"
 
 #include <gtest/gtest.h>
 
@@ -245,7 +246,7 @@ TEST(Float8Encode, ZerosSubnormalFloatsAndNan) {
 // Random floats across (and beyond) each format's exponent range, plus random bit patterns
 // and points at and around midpoints, against the brute-force nearest-code reference.
 TEST(Float8Encode, RandomFloatsMatchBruteForce) {
-  std::mt19937 random(20240611);
+  std::mt19937 random(uint32_t(testing_support::fresh(20240611)));
   for (const FormatLayout& layout : kLayouts) {
     const int lowest = 1 - layout.bias - layout.mantissa_bits - 4;
     const int highest = (layout.format == Float8Format::e4m3 ? 8 : 15) + 3;
@@ -338,7 +339,7 @@ TEST(Bfloat16, SpecialValuesAndTies) {
 }
 
 TEST(Bfloat16, RandomFloatsMatchReference) {
-  std::mt19937 random(7);
+  std::mt19937 random(uint32_t(testing_support::fresh(7)));
   std::uniform_int_distribution<uint32_t> any_bits;
   int mismatches = 0;
   for (int i = 0; i < 1000000; ++i) {
@@ -371,7 +372,7 @@ TEST(AmaxToScale, Values) {
 }
 
 TEST(AmaxToScale, RandomAmaxMatchesFloatDivisionAndPowerOfTwoBounds) {
-  std::mt19937 random(99);
+  std::mt19937 random(uint32_t(testing_support::fresh(99)));
   std::uniform_real_distribution<float> log_amax(-11.0f, 30.0f);
   for (int i = 0; i < 100000; ++i) {
     const float amax = std::pow(10.0f, log_amax(random));

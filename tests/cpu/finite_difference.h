@@ -17,11 +17,12 @@
 #include "core/numerics.h"
 #include "core/tensor.h"
 #include "cpu/cpu_backend.h"
+#include "support/fresh_random.h"
 
 namespace smelt::test {
 
 inline std::vector<double> random_values(size_t count, uint64_t seed, double low = -1.0, double high = 1.0) {
-  std::mt19937_64 generator(seed);
+  std::mt19937_64 generator(testing_support::fresh(seed));
   std::uniform_real_distribution<double> distribution(low, high);
   std::vector<double> values(count);
   for (double& v : values) v = distribution(generator);
@@ -29,7 +30,7 @@ inline std::vector<double> random_values(size_t count, uint64_t seed, double low
 }
 
 inline std::vector<int32_t> random_ids(size_t count, uint64_t seed, int32_t low, int32_t high) {
-  std::mt19937_64 generator(seed);
+  std::mt19937_64 generator(testing_support::fresh(seed));
   std::uniform_int_distribution<int32_t> distribution(low, high);
   std::vector<int32_t> ids(count);
   for (int32_t& id : ids) id = distribution(generator);
@@ -128,6 +129,23 @@ inline void expect_close(const std::vector<double>& actual, const std::vector<do
       ADD_FAILURE() << what << "[" << i << "]: got " << actual[i] << ", expected " << expected[i] << " (tolerance "
                     << tolerance << ")";
   }
+}
+
+// Norm-wise: ||actual - expected|| <= relative * ||expected||, NaN fails. For results a
+// low-precision kernel reaches through roundings that cancel (bf16 gradients), where an element
+// near zero carries the absolute error of the terms it sums.
+inline void expect_close_normwise(const std::vector<double>& actual, const std::vector<double>& expected,
+                                  double relative, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  double difference = 0, reference = 0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    ASSERT_FALSE(std::isnan(actual[i])) << what << "[" << i << "] is NaN";
+    difference += (actual[i] - expected[i]) * (actual[i] - expected[i]);
+    reference += expected[i] * expected[i];
+  }
+  ASSERT_GT(reference, 0.0) << what << ": the expected values are all zero, the test would prove nothing";
+  const double error = std::sqrt(difference / reference);
+  EXPECT_LE(error, relative) << what << ": norm-wise relative error " << error;
 }
 
 // A CPU backend with a bound workspace of the size it asks for.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ops/op_args.h"
+#include "support/fresh_random.h"
 
 namespace smelt::testing_support {
 
@@ -14,7 +15,7 @@ namespace smelt::testing_support {
 // lengths multiples of 4 (some zero); copied runs packed into a copy of `copy_count` elements.
 inline std::vector<ComputeCopyRange> random_copy_runs(int64_t count, uint64_t seed, bool first_copied,
                                                       int64_t& copy_count) {
-  std::mt19937_64 generator(seed);
+  std::mt19937_64 generator(fresh(seed));
   std::vector<ComputeCopyRange> runs;
   bool copied = first_copied;
   copy_count = 0;
@@ -29,13 +30,20 @@ inline std::vector<ComputeCopyRange> random_copy_runs(int64_t count, uint64_t se
 }
 
 // Gives the runs without a copy amax slots in [0, slots - 1) (every third one none), so that some
-// slots gather several runs and slot slots - 1 is named by none.
+// slots gather several runs and slot slots - 1 is named by none: the first two rounds of
+// non-empty runs name every slot in turn (each slot gathers at least two), the rest at random.
 inline void assign_amax_slots(std::vector<ComputeCopyRange>& runs, int32_t slots, uint64_t seed) {
-  std::mt19937_64 generator(seed);
-  int uncopied = 0;
+  std::mt19937_64 generator(fresh(seed));
+  int uncopied = 0, dealt = 0;
   for (ComputeCopyRange& run : runs) {
     if (run.copied()) continue;
-    run.amax_slot = uncopied++ % 3 == 2 ? -1 : int32_t(generator() % uint64_t(slots - 1));
+    if (uncopied++ % 3 == 2) {
+      run.amax_slot = -1;
+    } else if (run.count > 0 && dealt < 2 * (slots - 1)) {
+      run.amax_slot = dealt++ % (slots - 1);
+    } else {
+      run.amax_slot = int32_t(generator() % uint64_t(slots - 1));
+    }
   }
 }
 

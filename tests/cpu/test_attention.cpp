@@ -117,9 +117,11 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
   auto loss = [&] { return weighted_sum(weights, run_forward(*backend, in, DType::f64).out.values()); };
   auto f = run_forward(*backend, in, DType::f64);
   auto g = run_backward(*backend, f, weights, DType::f64);
-  expect_close(g.grad_q.values(), numeric_gradient(in.q, loss), 1e-6, "grad_q");
-  expect_close(g.grad_k.values(), numeric_gradient(in.k, loss), 1e-6, "grad_k");
-  expect_close(g.grad_v.values(), numeric_gradient(in.v, loss), 1e-6, "grad_v");
+  // 1e-5: central differences of this loss carry about 1e-8 of rounding noise, which an element
+  // near zero sees whole (1e-6 failed about one fresh draw in 500).
+  expect_close(g.grad_q.values(), numeric_gradient(in.q, loss), 1e-5, "grad_q");
+  expect_close(g.grad_k.values(), numeric_gradient(in.k, loss), 1e-5, "grad_k");
+  expect_close(g.grad_v.values(), numeric_gradient(in.v, loss), 1e-5, "grad_v");
 }
 
 TEST(Attention, LowerPrecisionsTrackF64) {
@@ -127,17 +129,30 @@ TEST(Attention, LowerPrecisionsTrackF64) {
   BackendFixture backend(shape);
   const auto in = random_inputs(3);
   const auto grad_out = random_values(kQueryCount, 6);
-  auto reference = run_forward(*backend, in, DType::f64);
-  auto reference_grads = run_backward(*backend, reference, grad_out, DType::f64);
   for (auto [dtype, tolerance] : {std::pair{DType::f32, 1e-5}, std::pair{DType::bf16, 3e-2}}) {
     SCOPED_TRACE(std::string(dtype_name(dtype)));
+    // The f64 reference sees the inputs as the dtype holds them, so what is compared is the
+    // kernel's arithmetic in that dtype, not the rounding of its inputs.
+    const Inputs held{rounded(in.q, dtype), rounded(in.k, dtype), rounded(in.v, dtype)};
+    const std::vector<double> held_grad_out = rounded(grad_out, dtype);
+    auto reference = run_forward(*backend, held, DType::f64);
+    auto reference_grads = run_backward(*backend, reference, held_grad_out, DType::f64);
     auto f = run_forward(*backend, in, dtype);
     expect_close(f.out.values(), reference.out.values(), tolerance, "out", 5e-2);
     expect_close(f.lse.values(), reference.lse.values(), tolerance, "lse", 5e-2);
     auto g = run_backward(*backend, f, grad_out, dtype);
-    expect_close(g.grad_q.values(), reference_grads.grad_q.values(), tolerance, "grad_q", 5e-2);
-    expect_close(g.grad_k.values(), reference_grads.grad_k.values(), tolerance, "grad_k", 5e-2);
-    expect_close(g.grad_v.values(), reference_grads.grad_v.values(), tolerance, "grad_v", 5e-2);
+    if (dtype == DType::f32) {  // 1e-4: the same cancellation, at f32's precision
+      expect_close(g.grad_q.values(), reference_grads.grad_q.values(), 1e-4, "grad_q", 5e-2);
+      expect_close(g.grad_k.values(), reference_grads.grad_k.values(), 1e-4, "grad_k", 5e-2);
+      expect_close(g.grad_v.values(), reference_grads.grad_v.values(), 1e-4, "grad_v", 5e-2);
+    } else {
+      // bf16 probabilities and their gradients cancel in dQ and dK: an element near zero carries
+      // the error of the terms it sums, so the gradients are compared as wholes (over 1,000 fresh
+      // draws the largest norm-wise error seen was 4.6e-3).
+      expect_close_normwise(g.grad_q.values(), reference_grads.grad_q.values(), 1e-2, "grad_q");
+      expect_close_normwise(g.grad_k.values(), reference_grads.grad_k.values(), 1e-2, "grad_k");
+      expect_close_normwise(g.grad_v.values(), reference_grads.grad_v.values(), 1e-2, "grad_v");
+    }
   }
 }
 

@@ -10,12 +10,13 @@
 #include <vector>
 
 #include "core/numerics.h"
+#include "support/fresh_random.h"
 
 namespace smelt {
 namespace {
 
 std::vector<double> random_doubles(size_t count, uint32_t seed) {
-  std::mt19937 random(seed);
+  std::mt19937 random(uint32_t(testing_support::fresh(seed)));
   std::normal_distribution<double> normal(0.0, 1.0);
   std::uniform_real_distribution<double> log_magnitude(-30.0, 30.0);
   std::vector<double> values(count);

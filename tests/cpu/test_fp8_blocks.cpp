@@ -12,8 +12,9 @@
 
 #include "core/error.h"
 #include "core/numerics.h"
-#include "cpu/fp8.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/fp8.h"
+#include "support/fresh_random.h"
 
 namespace smelt {
 namespace {
@@ -127,7 +128,7 @@ TEST(CpuBlockQuantize, RejectsWrongScaleCountsNamingTheOutput) {
 // (rows, cols) values whose 128-column tiles (and 128-row bands) differ in magnitude by up to
 // six decades, so any scale read from the wrong tile or block shows.
 std::vector<float> banded(int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 random(seed);
+  std::mt19937 random(uint32_t(testing_support::fresh(seed)));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> decades(-3.0f, 3.0f);
   std::vector<float> band(size_t((rows / 128 + 1) * (cols / 128 + 1)));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/numerics.h"
+#include "support/fresh_random.h"
 
 namespace smelt {
 namespace {
@@ -21,7 +22,7 @@ constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
 // (rows, cols) f32 values, each row with its own magnitude (10^-decades .. 10^decades) so
 // per-row scales matter.
 std::vector<float> random_rows(int64_t rows, int64_t cols, uint32_t seed, float decades = 3.0f) {
-  std::mt19937 random(seed);
+  std::mt19937 random(uint32_t(testing_support::fresh(seed)));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> log_magnitude(-decades, decades);
   std::vector<float> values(size_t(rows * cols));
@@ -246,7 +247,7 @@ TEST(CpuQuantize, HandComputedBothLayoutsWithScalesFromAmax) {
 // on shapes with and without multiples of 16; a (cols, rows) dst of the wrong dtype or shape is
 // refused.
 TEST(CpuTranspose, MovesEveryCodeToItsTransposedPlace) {
-  std::mt19937 random(41);
+  std::mt19937 random(uint32_t(testing_support::fresh(41)));
   for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{48, 80}, {7, 13}, {1, 5}}) {
     std::vector<uint8_t> codes(size_t(rows * cols)), out(size_t(rows * cols), 0x7F);
     for (auto& c : codes) c = uint8_t(random());

@@ -18,6 +18,7 @@
 #include "core/random.h"
 #include "cpu/cpu_backend.h"
 #include "cuda/cuda_backend.h"
+#include "support/fresh_random.h"
 
 namespace smelt::test {
 
@@ -61,14 +62,14 @@ struct HostTensor {
 
 inline HostTensor random_tensor(DType dtype, Shape shape, uint64_t seed, double scale = 1.0) {
   HostTensor tensor(dtype, shape);
-  Random random(seed);
+  Random random(testing_support::fresh(seed));
   for (int64_t i = 0; i < tensor.numel(); ++i) tensor.set(i, scale * random.normal());
   return tensor;
 }
 
 inline HostTensor random_ids(Shape shape, uint64_t seed, int32_t bound) {
   HostTensor tensor(DType::i32, shape);
-  Random random(seed);
+  Random random(testing_support::fresh(seed));
   for (int64_t i = 0; i < tensor.numel(); ++i) tensor.view.as<int32_t>()[i] = int32_t(random.below(uint64_t(bound)));
   return tensor;
 }

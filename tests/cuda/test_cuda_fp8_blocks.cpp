@@ -12,6 +12,7 @@
 #include "core/float8_blocks.h"
 #include "core/numerics.h"
 #include "cuda_test_support.h"
+#include "support/fresh_random.h"
 
 namespace smelt::test {
 namespace {
@@ -24,7 +25,7 @@ Float8Format format_of(DType dtype) { return dtype == DType::e4m3 ? Float8Format
 // index shows. Row 3 and column 5 are zero (the amax floor); `nan` puts one NaN at (7, 9).
 HostTensor block_source(DType dtype, int64_t rows, int64_t cols, uint64_t seed, bool nan = false) {
   HostTensor x(dtype, Shape{rows, cols});
-  Random random(seed);
+  Random random(testing_support::fresh(seed));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
       const int tile_term = int((r * 5 + (c / 128) * 3) % 9) - 4;

@@ -9,6 +9,7 @@
 
 #include "core/numerics.h"
 #include "cuda_test_support.h"
+#include "support/fresh_random.h"
 
 namespace smelt::test {
 namespace {
@@ -170,7 +171,7 @@ TEST_F(CudaFloat8Ops, CastsOfSpecialValuesMatchCpu) {
   for (const Case& c : {Case{64, 128, false}, Case{48, 40, false}, Case{37, 300, false}})
     for (DType source : kSourceTypes) {
       HostTensor x = random_tensor(source, Shape{c.rows, c.cols}, 131 + uint64_t(c.rows + c.cols), 7.0);
-      Random random(uint64_t(c.rows * 7 + c.cols));
+      Random random(testing_support::fresh(uint64_t(c.rows * 7 + c.cols)));
       for (int64_t i = 0; i < x.numel(); ++i)
         if (random.below(16) == 0) x.set(i, specials[random.below(sizeof(specials) / sizeof(specials[0]))]);
       const int64_t positive_nan = 3 * c.cols + 5, negative_nan = (c.rows - 2) * c.cols + c.cols / 2;
@@ -235,7 +236,7 @@ TEST_F(CudaFloat8Ops, TransposeOfCodesMatchesCpu) {
   for (const Case& c : kCases) {
     SCOPED_TRACE(name(c, DType::e4m3, "transpose"));
     HostTensor codes(DType::e4m3, Shape{c.rows, c.cols});
-    Random random(uint64_t(c.rows * 131 + c.cols));
+    Random random(testing_support::fresh(uint64_t(c.rows * 131 + c.cols)));
     for (int64_t i = 0; i < codes.numel(); ++i) codes.view.as<uint8_t>()[i] = uint8_t(random.below(256));
     HostTensor cpu_out(DType::e4m3, Shape{c.cols, c.rows});
     cpu_->transpose({codes.view, cpu_out.view});

@@ -10,6 +10,7 @@
 #include "core/random.h"
 #include "cpu/cpu_backend.h"
 #include "cuda/cuda_backend.h"
+#include "support/fresh_random.h"
 #include "train/executor.h"
 
 namespace smelt {
@@ -58,7 +59,7 @@ Run make_run(std::unique_ptr<Backend> backend, DType compute, const char* policy
   r.plan = build_step_plan(model, o);
   r.executor = std::make_unique<Executor>(r.plan, *r.backend);
   std::vector<float> host(static_cast<size_t>(r.executor->layout().total()));
-  initialize_parameters(r.executor->layout(), model, 123, host.data());
+  initialize_parameters(r.executor->layout(), model, testing_support::fresh(123), host.data());
   r.executor->load_parameters(host.data());
   r.executor->reset_optimizer_state();
   return r;
@@ -79,7 +80,7 @@ void compare_training(DType compute, const char* policy, double loss_tolerance, 
   optimizer.lr = 1e-3f;
   optimizer.weight_decay = 0.1f;
   optimizer.max_norm = 1.0f;
-  Random random(77);
+  Random random(testing_support::fresh(77));
   const int64_t n = 128;
   std::vector<int32_t> inputs(n), targets(n);
   for (int step = 1; step <= 20; ++step) {

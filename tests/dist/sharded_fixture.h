@@ -13,6 +13,7 @@
 #include "cpu/cpu_backend.h"
 #include "dist/communicator.h"
 #include "model/model_fixture.h"
+#include "support/fresh_random.h"
 #include "train/executor.h"
 
 namespace smelt::testing {
@@ -68,8 +69,8 @@ inline PlanOptions sharded_plan_options(const ModelConfig& model, const ShardedC
 inline std::vector<float> initial_weights(const ModelConfig& model, uint64_t seed) {
   const ParameterLayout layout(model);
   std::vector<float> host(static_cast<size_t>(layout.total()), 0.0f);
-  initialize_parameters(layout, model, seed, host.data());
-  Random random(seed, 99);
+  initialize_parameters(layout, model, testing_support::fresh(seed), host.data());
+  Random random(testing_support::fresh(seed), 99);
   for (const auto& p : layout.parameters())
     if (p.name.find("norm") != std::string::npos)
       for (int64_t i = 0; i < p.numel(); ++i) host[static_cast<size_t>(p.offset + i)] = 1.0f + 0.3f * float(random.normal());
@@ -83,7 +84,7 @@ struct GlobalBatches {
 
 inline GlobalBatches random_batches(const ModelConfig& model, int64_t tokens, int steps, uint64_t seed) {
   GlobalBatches g;
-  Random random(seed, 5);
+  Random random(testing_support::fresh(seed), 5);
   for (int s = 0; s < steps; ++s) {
     std::vector<int32_t> inputs(static_cast<size_t>(tokens)), targets(static_cast<size_t>(tokens));
     for (auto& t : inputs) t = static_cast<int32_t>(random.below(static_cast<uint64_t>(model.vocab_size)));

@@ -8,12 +8,13 @@
 #include "core/numerics.h"
 #include "core/random.h"
 #include "dist/communicator.h"
+#include "support/fresh_random.h"
 
 namespace smelt {
 namespace {
 
 std::vector<float> random_values(uint64_t seed, size_t n) {
-  Random random(seed);
+  Random random(testing_support::fresh(seed));
   std::vector<float> v(n);
   for (auto& x : v) x = static_cast<float>(random.normal());
   return v;

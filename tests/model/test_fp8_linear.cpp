@@ -13,6 +13,7 @@
 #include "model/fp8_linear.h"
 #include "model_fixture.h"
 #include "recording_backend.h"
+#include "support/fresh_random.h"
 
 namespace smelt {
 namespace {
@@ -25,13 +26,16 @@ using testing::tiny_model;
 
 // Relative distance allowed between a float8 run's final loss and the bf16 run's, after 100
 // steps at lr 1e-3 on a fixed batch (measured: tensorwise 1.4%, rowwise 0.14%).
-constexpr double kFloat8LossTolerance = 0.03;
+// The tiny model memorises its fixed batch to a loss near 0.6, where float8's rounding moves the
+// result by a few percent: over 150 fresh draws the largest relative difference from bf16 was
+// 4.6% (tensorwise), 2.8% (rowwise). A recipe that breaks training misses by far more.
+constexpr double kFloat8LossTolerance = 0.08;
 
 
 // A row-major f32 matrix whose rows and columns have very different magnitudes, so a scale
 // taken along the wrong axis gives different codes.
 std::vector<float> skewed_matrix(int64_t rows, int64_t cols, uint64_t seed) {
-  Random random(seed, 3);
+  Random random(testing_support::fresh(seed), 3);
   std::vector<float> row_factor(rows), col_factor(cols), m(rows * cols);
   for (auto& f : row_factor) f = std::exp2(float(random.below(9)) - 4.0f);
   for (auto& f : col_factor) f = std::exp2(float(random.below(9)) - 4.0f) * 1.37f;

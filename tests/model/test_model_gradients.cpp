@@ -7,6 +7,7 @@
 
 #include "core/numerics.h"
 #include "model_fixture.h"
+#include "support/fresh_random.h"
 
 namespace smelt {
 namespace {
@@ -26,7 +27,7 @@ TEST(ModelGradients, MatchFiniteDifferencesInFloat64) {
   std::vector<double> analytic(grads.as<double>(), grads.as<double>() + grads.numel());
 
   // A few coordinates of every parameter tensor.
-  Random random(11);
+  Random random(testing_support::fresh(11));
   int checked = 0;
   for (const auto& p : run.executor->layout().parameters()) {
     for (int k = 0; k < 4; ++k) {

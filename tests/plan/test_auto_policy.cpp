@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "plan/auto_policy.h"
+#include "support/fresh_random.h"
 
 namespace smelt {
 namespace {
@@ -50,7 +51,7 @@ TEST(AutoPolicy, ChosenPlanFitsEveryRandomBudgetAndBeatsFixedPolicies) {
   for (const char* p : {"none", "selective-layer:2", "selective-op", "full"}) fixed_plans.push_back(fixed(model, p));
   const double low = static_cast<double>(fixed_plans.back().memory.arena_bytes);
   const double high = 1.05 * static_cast<double>(fixed_plans.front().memory.arena_bytes);
-  Random random(2027);
+  Random random(testing_support::fresh(2027));
   for (int trial = 0; trial < 40; ++trial) {
     const double budget = low + (high - low) * static_cast<double>(random.below(1000000)) / 1e6;
     AutoPolicyResult result = choose_automatic_policy(model, options("auto"), budget, cost);
@@ -96,7 +97,7 @@ TEST(AutoPolicy, MoreMemoryIsNeverSlowerAndTheBudgetIsUsed) {
   const double low = static_cast<double>(fixed(model, "full").memory.arena_bytes) * 1.001;
   const double high = static_cast<double>(fixed(model, "none").memory.arena_bytes);
   double previous_seconds = std::numeric_limits<double>::infinity();
-  Random random(20261202, 3);
+  Random random(testing_support::fresh(20261202), 3);
   const int points = 24;
   for (int i = 0; i < points; ++i) {
     const double budget = low + (high - low) * (i + 0.5 * random.uniform()) / points;

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "plan/cost_model.h"
+#include "support/fresh_random.h"
 
 namespace smelt {
 namespace {
@@ -76,7 +77,7 @@ TEST(CostModel, CalibratedTimingsReplaceTheRoofline) {
   const PlanOptions o = options("full");
   const StepPlan plan = build_step_plan(model, o);
   OpTimingCache cache;
-  Random random(11);
+  Random random(testing_support::fresh(11));
   const double measured = 1e-3 * (1 + static_cast<double>(random.below(1000)) / 1000);
   cache.set("NVIDIA H200", "forward attention.wq", shape_timing_key(model, o, false), measured);
   const CostModel plain(h200_ceilings()), calibrated(h200_ceilings(), false, &cache);

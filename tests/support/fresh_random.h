@@ -1,10 +1,21 @@
-// A generator seeded afresh on every run, for tests that draw their inputs at random. The seed
-// goes into every failure message of the scope that holds the generator, and SMELT_TEST_SEED=N
-// replays a run: the same seed, so the same draws.
+// Fresh random inputs for tests, replayable.
+//
+// FreshRandom: a generator seeded afresh on every run. The seed goes into every failure message
+// of the scope that holds the generator.
+//
+// fresh(stream): for tests that name their draws by number (random_tensor(..., 7)): the number
+// picks a stream within the running test's seed, which FreshSeedListener (installed by
+// test_main.cpp) draws afresh as each test starts and names when the test fails. Within one run
+// of a test the same number gives the same draws (a CPU and a GPU run of one op see the same
+// inputs); from run to run they differ.
+//
+// SMELT_TEST_SEED=N replays a run: every seed drawn afresh is N, so the same draws.
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cinttypes>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -36,6 +47,37 @@ class FreshRandom : public Random {
  private:
   uint64_t seed_;
   ::testing::ScopedTrace trace_;
+};
+
+// The seed of the test now running (set by FreshSeedListener; 0 outside a test).
+inline uint64_t& running_test_seed() {
+  static uint64_t seed = 0;
+  return seed;
+}
+
+// Stream `stream` of the running test's seed (splitmix64's finaliser over both, so nearby
+// streams and nearby seeds give unrelated values).
+inline uint64_t fresh(uint64_t stream) {
+  auto mix = [](uint64_t x) {
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+  };
+  return mix(running_test_seed() ^ mix(stream + 0x9E3779B97F4A7C15ull));
+}
+
+// Draws each test's seed as it starts and names it, with the command that replays it, when the
+// test fails.
+class FreshSeedListener : public ::testing::EmptyTestEventListener {
+ public:
+  void OnTestStart(const ::testing::TestInfo&) override { running_test_seed() = fresh_seed(); }
+  void OnTestEnd(const ::testing::TestInfo& test) override {
+    if (!test.result()->Failed()) return;
+    std::printf("[   SEED   ] %s.%s drew its inputs from seed %" PRIu64 "; SMELT_TEST_SEED=%" PRIu64
+                " replays them\n",
+                test.test_suite_name(), test.name(), running_test_seed(), running_test_seed());
+    std::fflush(stdout);
+  }
 };
 
 }  // namespace smelt::testing_support
