@@ -33,7 +33,7 @@ struct Tolerance {
 };
 
 Tolerance tolerance_for(const ShardedCase& c) {
-  const double opposite_updates = 2.0 * double(testing::test_optimizer(1).lr) * c.steps;
+  const double lr = double(testing::test_optimizer(1).lr), opposite_updates = 2.0 * lr * c.steps;
   // f64 compute, but the weights as read back are f32: a sum whose last bit rounds the other way
   // moves a weight by one f32 ulp (2.9e-11 at 4e-4 seen; the updates as a whole by up to 1.2e-9
   // over 200 fresh draws).
@@ -44,7 +44,7 @@ Tolerance tolerance_for(const ShardedCase& c) {
   // f32: a coordinate whose gradient is a near-cancelling sum has it summed in another order by
   // the shards, and AdamW divides by its root second moment, so such a coordinate can move by a
   // visible part of lr (across fresh draws up to 1.6%); the updates as a whole agree to 1e-4.
-  return {2e-5, 0.1 * double(testing::test_optimizer(1).lr), 1e-4};
+  return {2e-5, 0.1 * lr, 1e-4};
 }
 
 double max_difference(const std::vector<float>& a, const std::vector<float>& b, size_t* where) {

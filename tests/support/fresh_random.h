@@ -55,16 +55,9 @@ inline uint64_t& running_test_seed() {
   return seed;
 }
 
-// Stream `stream` of the running test's seed (splitmix64's finaliser over both, so nearby
-// streams and nearby seeds give unrelated values).
-inline uint64_t fresh(uint64_t stream) {
-  auto mix = [](uint64_t x) {
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-  };
-  return mix(running_test_seed() ^ mix(stream + 0x9E3779B97F4A7C15ull));
-}
+// Stream `stream` of the running test's seed: the first draw of Random's own (seed, stream)
+// generator, so nearby streams and nearby seeds give unrelated values.
+inline uint64_t fresh(uint64_t stream) { return Random(running_test_seed(), stream).next(); }
 
 // Draws each test's seed as it starts and names it, with the command that replays it, when the
 // test fails.
