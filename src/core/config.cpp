@@ -299,6 +299,15 @@ void validate_config(const JobConfig& config) {
     fail(ErrorKind::config, origin + ": model.dim (" + std::to_string(model.dim) +
                                 ") must be a multiple of model.n_heads, found n_heads = " +
                                 std::to_string(model.n_heads) + "; pick n_heads dividing dim");
+  const TrainingSection& training = config.training;
+  if (training.linear_grad_dtype == "bfloat16" && training.mixed_precision_param != "bfloat16")
+    fail(ErrorKind::config, origin + ": training.linear_grad_dtype = \"bfloat16\" needs training.mixed_precision_param = "
+                                "\"bfloat16\", found \"" + training.mixed_precision_param +
+                                "\"; set both to bfloat16, or linear_grad_dtype to auto");
+  if (training.linear_grad_dtype == "bfloat16" && config.parallelism.shard_single_rank)
+    fail(ErrorKind::config, origin + ": training.linear_grad_dtype = \"bfloat16\" applies to unsharded runs, found "
+                                "parallelism.shard_single_rank = true; sharded runs choose their gradients' dtype "
+                                "with parallelism.reduce_dtype");
 }
 
 std::string config_to_json(const JobConfig& config) {

@@ -41,6 +41,7 @@ struct TrainingSection {
   int64_t seed = 42;
   std::string dataset_path = "docs";     // a folder or file of text, or of token shards (*.bin)
   std::string mixed_precision_param = "float32";  // activation / compute-weight dtype: float32 or bfloat16
+  std::string linear_grad_dtype = "auto";  // block linears' weight gradients: auto, float32 or bfloat16
   int64_t loss_chunk_tokens = 0;         // rows of the output projection computed at once; 0: the planner's choice
   bool cuda_graph = true;                // CUDA: capture the step once and replay it
   bool gemm_autotune = false;            // CUDA: time cuBLASLt's candidates per GEMM shape, keep the fastest

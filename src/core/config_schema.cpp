@@ -167,6 +167,13 @@ std::vector<ConfigField> config_schema() {
            "a folder or file of text, or of token shards (*.bin)", not_empty()),
       bind("training", "mixed_precision_param", &C::training, &TrainingSection::mixed_precision_param,
            "activation and compute-weight dtype", one_of({"float32", "bfloat16"})),
+      bind("training", "linear_grad_dtype", &C::training, &TrainingSection::linear_grad_dtype,
+           "dtype the block linears' weight gradients are kept in: bfloat16 is what their grad-weight GEMMs "
+           "round to in PyTorch's mixed precision, in half the memory, read in half the time by the gradient "
+           "norm and AdamW; the embedding's, norms' and output projection's stay float32. auto: bfloat16 "
+           "when mixed_precision_param is bfloat16 and the run is not sharded (FSDP reduces in "
+           "parallelism.reduce_dtype), float32 otherwise",
+           one_of({"auto", "float32", "bfloat16"})),
       bind("training", "loss_chunk_tokens", &C::training, &TrainingSection::loss_chunk_tokens,
            "rows of the output projection computed at once: each doubling adds a chunk of bf16 logits "
            "(V x chunk) and halves the passes over the output projection's f32 gradient; 0 (default): "

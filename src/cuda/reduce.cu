@@ -50,6 +50,23 @@ __global__ void reduce_partials(const T* x, int64_t count, double* partials) {
       }
       first_scalar = quads * 4;
     }
+  } else {
+    // bf16 (the block linears' weight gradients): eight elements per 16-byte load, each group of
+    // eight combined in double like the f32 path's four.
+    if (reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+      const int64_t octets = count / 8;
+      const uint4* x8 = reinterpret_cast<const uint4*>(x);
+      for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < octets; i += int64_t(gridDim.x) * blockDim.x) {
+        const uint4 v = x8[i];
+        double group = 0;
+        for (const unsigned word : {v.x, v.y, v.z, v.w}) {
+          const double low = __uint_as_float(word << 16), high = __uint_as_float(word & 0xffff0000u);
+          group += term == Term::square ? low * low + high * high : low + high;
+        }
+        sum += group;
+      }
+      first_scalar = octets * 8;
+    }
   }
   for (int64_t i = first_scalar + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x) {

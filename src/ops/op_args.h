@@ -2,7 +2,8 @@
 // declared (N = tokens B*T, D = model dim, H/KV = query/key-value heads,
 // Dh = head dim, F = FFN dim, V = vocabulary); see docs/glossary.md.
 // Activations are f32 or bf16 (the run's compute dtype, or f64 in tests);
-// weight gradients, norms, statistics and losses are always f32 (f64 in tests).
+// weight gradients, norms, statistics and losses are f32 (f64 in tests); the block linears'
+// weight gradients may be bf16 (PlanOptions::linear_grad_dtype).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -141,30 +142,39 @@ struct MeanArgs {
 };
 
 // One run of a flat parameter range: elements [begin, begin + count), whose compute-dtype copy
-// starts at element `copy_offset` of the copy buffer, or that have none (copy_offset -1).
-struct ComputeCopyRange {
+// starts at element `copy_offset` of the copy buffer, or that have none (copy_offset -1), and
+// whose gradients start at element `grad_offset` of the f32 gradients, or with `low_grad` of the
+// bf16 ones (the block linears' weight gradients, which their grad-weight GEMM writes once).
+struct ParameterRun {
   int64_t begin = 0, count = 0, copy_offset = -1;
   // >= 0: AdamW also takes max |p| over the run's updated parameters into weight_amax[amax_slot]
   // (a float8 weight's tensorwise amax, so its cast needs no amax pass of its own).
   int32_t amax_slot = -1;
+  bool low_grad = false;    // the gradients are in AdamwArgs::low_grads (bf16), not grads
+  int64_t grad_offset = -1;  // -1: at `begin` of grads (a gradient buffer laid out like the parameters)
   bool copied() const { return copy_offset >= 0; }
+  int64_t gradient_offset() const { return grad_offset >= 0 ? grad_offset : begin; }
 };
 
 // AdamW over one flat range (PyTorch semantics: decoupled decay, bias correction),
 // gradients scaled by min(1, max_norm / (sqrt(sum_squares) + 1e-6)) when max_norm > 0.
 struct AdamwArgs {
-  TensorView params, grads, exp_avg, exp_avg_sq;  // (n) f32; grads are read, never written (clipped in registers)
+  // grads are read, never written (clipped in registers): (n) f32 laid out like params, or with
+  // copy_ranges where each run's grad_offset says, in grads (f32) or low_grads (bf16, below).
+  TensorView params, grads, exp_avg, exp_avg_sq;  // (n) f32
   TensorView grad_sum_squares;  // (1) f32: from SumSquares over all gradients
   // Optional bf16: receives the updated parameters, rounded (the GEMMs' weights). Without
   // copy_ranges it is (n), one copy of every element.
   TensorView compute_copy;
-  // Optional, with compute_copy: [0, n) as consecutive runs in order (each begin, count and
-  // copy_offset a multiple of 4), each copied into compute_copy at its copy_offset or not at all.
-  // Every element gets the same update either way (the clip factor comes from grad_sum_squares).
-  std::span<const ComputeCopyRange> copy_ranges;
+  // Optional: [0, n) as consecutive runs in order (each begin, count, copy_offset and grad_offset a
+  // multiple of 4), each copied into compute_copy at its copy_offset or not at all, its gradients
+  // read where it says. Every element gets the same update either way (the clip factor comes from
+  // grad_sum_squares).
+  std::span<const ParameterRun> copy_ranges;
   // Needed when a copy run has an amax_slot: (slots) f32; slot s receives the largest |p| after the
   // update over the runs naming s (NaN when one is NaN), 0 when no run names it.
   TensorView weight_amax;
+  TensorView low_grads;  // bf16: the gradients of the runs with low_grad
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
   float max_norm = 0;
   int64_t step = 1;  // 1-based

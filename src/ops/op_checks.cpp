@@ -30,7 +30,7 @@ void expect_device(const TensorView& view, Device device, const char* op, const 
     fail(ErrorKind::internal, std::string(op) + ": " + argument + " " + view.str() + " is on the wrong device for this backend");
 }
 
-void expect_copy_ranges(std::span<const ComputeCopyRange> ranges, int64_t count, int64_t copy_count, int64_t alignment,
+void expect_copy_ranges(std::span<const ParameterRun> ranges, int64_t count, int64_t copy_count, int64_t alignment,
                         const char* op) {
   if (ranges.empty()) {
     if (copy_count > 0 && copy_count != count)
@@ -43,7 +43,7 @@ void expect_copy_ranges(std::span<const ComputeCopyRange> ranges, int64_t count,
     fail(ErrorKind::internal, std::string(op) + ": copy_ranges given without a compute_copy to write; pass both or neither");
   int64_t next = 0;
   for (size_t r = 0; r < ranges.size(); ++r) {
-    const ComputeCopyRange& range = ranges[r];
+    const ParameterRun& range = ranges[r];
     const std::string where = std::string(op) + ": copy_ranges[" + std::to_string(r) + "] {begin " +
                               std::to_string(range.begin) + ", count " + std::to_string(range.count) + ", copy_offset " +
                               std::to_string(range.copy_offset) + "}";
@@ -67,7 +67,7 @@ void expect_copy_ranges(std::span<const ComputeCopyRange> ranges, int64_t count,
                                   std::to_string(count) + "); the runs must cover every parameter");
 }
 
-void expect_amax_slots(std::span<const ComputeCopyRange> ranges, const TensorView& weight_amax, const char* op) {
+void expect_amax_slots(std::span<const ParameterRun> ranges, const TensorView& weight_amax, const char* op) {
   for (size_t r = 0; r < ranges.size(); ++r) {
     if (ranges[r].amax_slot < 0) continue;
     if (weight_amax.empty())
@@ -77,6 +77,36 @@ void expect_amax_slots(std::span<const ComputeCopyRange> ranges, const TensorVie
       fail(ErrorKind::internal, std::string(op) + ": copy_ranges[" + std::to_string(r) + "] names amax slot " +
                                     std::to_string(ranges[r].amax_slot) + ", expected an f32 weight_amax longer than "
                                     "that, found " + weight_amax.str());
+  }
+}
+
+void expect_gradient_runs(const AdamwArgs& args, int64_t alignment, const char* op) {
+  const int64_t count = args.params.numel();
+  if (args.copy_ranges.empty()) {
+    if (args.grads.numel() != count)
+      fail(ErrorKind::internal, std::string(op) + ": expected grads of " + std::to_string(count) +
+                                    " elements (no copy_ranges: laid out like params), found " + args.grads.str());
+    if (!args.low_grads.empty())
+      fail(ErrorKind::internal, std::string(op) + ": low_grads " + args.low_grads.str() +
+                                    " given without copy_ranges to say which runs they hold; pass both or neither");
+    return;
+  }
+  if (!args.low_grads.empty() && args.low_grads.dtype != DType::bf16)
+    fail(ErrorKind::internal, std::string(op) + ": expected bf16 low_grads, found " + args.low_grads.str());
+  for (size_t r = 0; r < args.copy_ranges.size(); ++r) {
+    const ParameterRun& run = args.copy_ranges[r];
+    const TensorView& grads = run.low_grad ? args.low_grads : args.grads;
+    const std::string where = std::string(op) + ": copy_ranges[" + std::to_string(r) + "] {begin " +
+                              std::to_string(run.begin) + ", count " + std::to_string(run.count) + ", grad_offset " +
+                              std::to_string(run.grad_offset) + (run.low_grad ? ", low_grad}" : "}");
+    if (run.low_grad && run.grad_offset < 0)
+      fail(ErrorKind::internal, where + ": a run with its gradients in low_grads needs a grad_offset");
+    if (run.gradient_offset() % alignment != 0)
+      fail(ErrorKind::internal, where + ": expected a grad_offset that is a multiple of " + std::to_string(alignment) +
+                                    " elements; parameters are laid out in 64-element steps");
+    if (run.gradient_offset() + run.count > grads.numel())
+      fail(ErrorKind::internal, where + ": reaches past " + (run.low_grad ? "low_grads " : "grads ") + grads.str() +
+                                    "; size the gradient buffers from the same runs");
   }
 }
 

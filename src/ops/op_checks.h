@@ -18,10 +18,14 @@ void expect_device(const TensorView& view, Device device, const char* op, const 
 // AdamW's copy runs (AdamwArgs::copy_ranges): consecutive, in order, covering [0, count), each
 // copied run inside a copy of `copy_count` elements, and every begin, count and copy_offset a
 // multiple of `alignment` elements. An empty span is one run, copied at 0 when copy_count > 0.
-void expect_copy_ranges(std::span<const ComputeCopyRange> ranges, int64_t count, int64_t copy_count, int64_t alignment,
+void expect_copy_ranges(std::span<const ParameterRun> ranges, int64_t count, int64_t copy_count, int64_t alignment,
                         const char* op);
 // AdamW's amax slots: every run's amax_slot below weight_amax's length, and weight_amax f32 when
 // a run names a slot. Device placement is the caller's to check.
-void expect_amax_slots(std::span<const ComputeCopyRange> ranges, const TensorView& weight_amax, const char* op);
+void expect_amax_slots(std::span<const ParameterRun> ranges, const TensorView& weight_amax, const char* op);
+// AdamW's gradients: without runs, `grads` holds all n; with runs, each run's gradients lie inside
+// grads, or with low_grad inside low_grads (bf16), at a grad_offset that is a multiple of
+// `alignment`. Dtypes of grads and placement are the caller's to check.
+void expect_gradient_runs(const AdamwArgs& args, int64_t alignment, const char* op);
 
 }  // namespace smelt

@@ -178,6 +178,10 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
   auto local_parameters = [&] {  // only the whole-model steps need it (the layout is costly to build)
     return std::ceil(static_cast<double>(ParameterLayout(m).total()) / static_cast<double>(std::max<int64_t>(1, o.shard_degree)));
   };
+  auto low_precision_gradients = [&] {  // the block linears' weight gradients, when kept in bf16
+    if (!low_precision_linear_grads(o)) return 0.0;
+    return static_cast<double>(gradient_elements(compute_copy_ranges(m, o), true));
+  };
   auto activation_bytes = [&](Activation a) { return static_cast<double>(activation_spec(a, m, o.shape, o.compute_dtype).bytes()); };
   auto gradient_bytes = [&](Gradient g) { return static_cast<double>(gradient_spec(g, m, o.shape, o.compute_dtype).bytes()); };
   const bool fp8 = float8_linears_ && o.compute_dtype != DType::f32 && o.compute_dtype != DType::f64;
@@ -253,12 +257,14 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
         bytes += vocabulary * static_cast<double>(m.dim) * (4 + width), launches += 1;
       break;
     }
-    case StepKind::gradient_norm: bytes = 4 * local_parameters(); break;
+    case StepKind::gradient_norm:  // bf16 linear gradients: two bytes less for each of theirs
+      bytes = 4 * local_parameters() - 2 * low_precision_gradients(), launches = low_precision_gradients() > 0 ? 4 : 2;
+      break;
     case StepKind::optimizer: {  // read p g m v, write p m v, and the compute copy where there is one
       const bool copy = o.compute_dtype != master_dtype(o.compute_dtype);
-      const std::vector<ComputeCopyRange> runs = copy ? compute_copy_ranges(m, o) : std::vector<ComputeCopyRange>{};
+      const std::vector<ParameterRun> runs = copy ? compute_copy_ranges(m, o) : std::vector<ParameterRun>{};
       const double copied = !copy ? 0 : runs.empty() ? local_parameters() : static_cast<double>(compute_copy_elements(runs));
-      bytes = 28 * local_parameters() + width * copied, launches = 2;
+      bytes = 28 * local_parameters() - 2 * low_precision_gradients() + width * copied, launches = 2;
       break;
     }
     case StepKind::cast_weights: {  // unsharded float8 linears from the fp32 master: an amax pass (none when

@@ -182,6 +182,12 @@ std::string format_plan(const StepPlan& plan, bool list_steps) {
     out << "comms:   " << communication_summary(plan) << "\n";
   }
   if (plan.compute_weights >= 0) out << "weights: " << compute_copy_summary(plan) << "\n";
+  if (plan.linear_gradients >= 0)
+    out << "grads:   block linears' in bf16 (" << format_bytes(plan.buffers[size_t(plan.linear_gradients)].request.bytes)
+        << ", what their grad-weight GEMMs round to), the embedding's, norms' and output's in "
+        << dtype_name(plan.buffers[size_t(plan.gradients)].dtype) << " ("
+        << format_bytes(plan.buffers[size_t(plan.gradients)].request.bytes)
+        << "); training.linear_grad_dtype = float32 keeps all in f32\n";
   if (plan.float8_scratch >= 0) {
     out << "float8:  recipe " << float8_recipe_name(plan.options.float8.recipe)
         << (plan.float8_weights >= 0 && float8_transposes_per_use(plan.options.float8)

@@ -61,12 +61,23 @@ int64_t StepPlan::compute_copy_offset(const ParameterInfo& info) const {
   if (compute_copy_ranges.empty()) return info.offset;  // a copy of every element
   // The run holding the parameter's first element (runs are sorted by begin).
   auto run = std::upper_bound(compute_copy_ranges.begin(), compute_copy_ranges.end(), info.offset,
-                              [](int64_t offset, const ComputeCopyRange& r) { return offset < r.begin; });
+                              [](int64_t offset, const ParameterRun& r) { return offset < r.begin; });
   SMELT_CHECK(run != compute_copy_ranges.begin(), "compute_copy_offset: parameter " + info.name + " before the first run");
   --run;
   SMELT_CHECK(info.offset + info.numel() <= run->begin + run->count,
               "compute_copy_offset: parameter " + info.name + " spans two copy runs");
   return run->copied() ? run->copy_offset + (info.offset - run->begin) : -1;
+}
+
+StepPlan::GradientPlace StepPlan::gradient_place(const ParameterInfo& info) const {
+  if (compute_copy_ranges.empty()) return {gradients, info.offset};
+  auto run = std::upper_bound(compute_copy_ranges.begin(), compute_copy_ranges.end(), info.offset,
+                              [](int64_t offset, const ParameterRun& r) { return offset < r.begin; });
+  SMELT_CHECK(run != compute_copy_ranges.begin(), "gradient_place: parameter " + info.name + " before the first run");
+  --run;
+  SMELT_CHECK(info.offset + info.numel() <= run->begin + run->count,
+              "gradient_place: parameter " + info.name + " spans two runs");
+  return {run->low_grad ? linear_gradients : gradients, run->gradient_offset() + (info.offset - run->begin)};
 }
 
 namespace {
@@ -80,11 +91,22 @@ bool packed_compute_copy(const PlanOptions& options) {
 
 }  // namespace
 
+bool low_precision_linear_grads(const PlanOptions& options) {
+  return packed_compute_copy(options) && options.compute_dtype == DType::bf16 && options.linear_grad_dtype == DType::bf16;
+}
+
+int64_t gradient_elements(const std::vector<ParameterRun>& ranges, bool low) {
+  int64_t total = 0;
+  for (const auto& r : ranges)
+    if (r.low_grad == low) total += r.count;
+  return total;
+}
+
 bool optimizer_takes_float8_weight_amax(const PlanOptions& options) {
   return packed_compute_copy(options) && float8_fused_amax(options.float8);
 }
 
-std::vector<ComputeCopyRange> compute_copy_ranges(const ModelConfig& model, const PlanOptions& options) {
+std::vector<ParameterRun> compute_copy_ranges(const ModelConfig& model, const PlanOptions& options) {
   if (!packed_compute_copy(options)) return {};
   const ParameterLayout layout(model);
   const auto& parameters = layout.parameters();
@@ -94,30 +116,36 @@ std::vector<ComputeCopyRange> compute_copy_ranges(const ModelConfig& model, cons
     return !float8_linear_enabled(options.float8, model, layer, weight);
   };
   const bool amax_slots = optimizer_takes_float8_weight_amax(options);
-  std::vector<ComputeCopyRange> ranges;
-  int64_t copy_total = 0;
+  const bool low_grads = low_precision_linear_grads(options);
+  std::vector<ParameterRun> ranges;
+  int64_t copy_total = 0, grad_total = 0, low_grad_total = 0;
   for (size_t index = 0; index < parameters.size(); ++index) {
     // The embedding (index 0) and the output projection (last) have none; the final norm keeps its.
     bool keep = index != 0 && index + 1 != parameters.size();
     const int64_t block_index = static_cast<int64_t>(index) - 1;
     int32_t slot = -1;
+    bool low = false;
     if (index != 0 && block_index < model.n_layers * kLayerWeightCount) {
-      keep = copied(block_index / kLayerWeightCount, static_cast<LayerWeight>(block_index % kLayerWeightCount));
+      const auto weight = static_cast<LayerWeight>(block_index % kLayerWeightCount);
+      keep = copied(block_index / kLayerWeightCount, weight);
       if (amax_slots && !keep) slot = static_cast<int32_t>(block_index);  // a float8 linear: layer * 7 + weight
+      low = low_grads && weight != LayerWeight::attn_norm && weight != LayerWeight::ffn_norm;
     }
     const int64_t begin = parameters[index].offset;
     const int64_t end = index + 1 < parameters.size() ? parameters[index + 1].offset : layout.total();
-    if (!ranges.empty() && ranges.back().copied() == keep && slot < 0 && ranges.back().amax_slot < 0) {
+    if (!ranges.empty() && ranges.back().copied() == keep && slot < 0 && ranges.back().amax_slot < 0 &&
+        ranges.back().low_grad == low) {
       ranges.back().count = end - ranges.back().begin;
     } else {
-      ranges.push_back({begin, end - begin, keep ? copy_total : -1, slot});
+      ranges.push_back({begin, end - begin, keep ? copy_total : -1, slot, low, low ? low_grad_total : grad_total});
     }
     if (keep) copy_total += end - begin;
+    (low ? low_grad_total : grad_total) += end - begin;
   }
   return ranges;
 }
 
-int64_t compute_copy_elements(const std::vector<ComputeCopyRange>& ranges) {
+int64_t compute_copy_elements(const std::vector<ParameterRun>& ranges) {
   int64_t total = 0;
   for (const auto& r : ranges)
     if (r.copied()) total += r.count;
@@ -257,13 +285,22 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   ShardScheduler shard(b, plan);
   const Shape flat{shard.sharded() ? shard.local_total() : layout.total()};
   const DType master = master_dtype(compute), statistics = statistics_dtype(compute);
+  // Unsharded with a compute dtype other than the master's: the runs of the compute copy and of
+  // the gradients (compute_copy_ranges).
+  if (compute != master) plan.compute_copy_ranges = compute_copy_ranges(model, options);
   plan.parameters = b.buffer("parameters (master)", master, flat, BufferClass::parameters, true);
-  plan.gradients = b.buffer("gradients", master, flat, BufferClass::gradients, true);
+  if (low_precision_linear_grads(options)) {
+    plan.gradients = b.buffer("gradients (embedding, norms, output)", master,
+                              Shape{gradient_elements(plan.compute_copy_ranges, false)}, BufferClass::gradients, true);
+    plan.linear_gradients = b.buffer("gradients (block linears, bf16)", DType::bf16,
+                                     Shape{gradient_elements(plan.compute_copy_ranges, true)}, BufferClass::gradients, true);
+  } else {
+    plan.gradients = b.buffer("gradients", master, flat, BufferClass::gradients, true);
+  }
   plan.exp_avg = b.buffer("AdamW exp_avg", master, flat, BufferClass::optimizer_state, true);
   plan.exp_avg_sq = b.buffer("AdamW exp_avg_sq", master, flat, BufferClass::optimizer_state, true);
   if (compute != master) {
     // Unsharded: only the weights compute-dtype GEMMs and ops read (compute_copy_ranges).
-    plan.compute_copy_ranges = compute_copy_ranges(model, options);
     const std::string what = plan.compute_copy_ranges.empty() ? " copy)" : " copy of what its GEMMs and norms read)";
     plan.compute_weights = b.buffer(std::string("weights (") + std::string(dtype_name(compute)) + what, compute,
                                     plan.compute_copy_ranges.empty() ? flat
@@ -446,11 +483,11 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   }
   b.emit(shard.tag({StepKind::embedding_backward}, -1, true, shard.embedding_unit()), {plan.tokens, plan.residual_gradient});
   shard.reduce_scatter(shard.embedding_unit());
-  b.emit({StepKind::gradient_norm}, {plan.gradients, plan.grad_sum_squares});
+  b.emit({StepKind::gradient_norm}, {plan.gradients, plan.linear_gradients, plan.grad_sum_squares});
   shard.all_reduce(StepKind::all_reduce_gradient_norm, plan.grad_sum_squares);
   // The optimizer also writes the compute copy of the weights (the cast is fused into it).
-  b.emit({StepKind::optimizer},
-         {plan.parameters, plan.gradients, plan.exp_avg, plan.exp_avg_sq, plan.compute_weights, plan.float8_weight_amax});
+  b.emit({StepKind::optimizer}, {plan.parameters, plan.gradients, plan.linear_gradients, plan.exp_avg, plan.exp_avg_sq,
+                                 plan.compute_weights, plan.float8_weight_amax});
   if (plan.float8_weights >= 0)  // the float8 weight copies of the next step, from the updated master weights
     b.emit({StepKind::cast_weights}, {plan.parameters, plan.float8_weights, plan.float8_weight_scales,
                                       plan.float8_statistics, plan.float8_weight_amax});

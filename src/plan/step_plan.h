@@ -96,6 +96,13 @@ struct PlanOptions {
   bool reshard_after_forward = true;
   // Float8 linears ([float8] recipe and filter_fqns); recipe none leaves the plan as without.
   Float8Options float8;
+  // Unsharded plans with a bf16 compute dtype: the dtype the block linears' weight gradients are
+  // kept in. bf16 is what their grad-weight GEMMs round to anyway in PyTorch's mixed precision
+  // (autocast widens the rounded values to f32 afterwards); kept in bf16 they take half the memory
+  // and half the bytes for the gradient norm and AdamW to read. The embedding's, the norms' and
+  // the output projection's (accumulated over loss chunks) stay in the master dtype. Sharded
+  // plans keep every gradient in the master dtype (their reduce dtype is reduce_dtype).
+  DType linear_grad_dtype = DType::f32;
 };
 
 struct PlannedBuffer {
@@ -138,8 +145,11 @@ struct StepPlan {
   // Buffers outside the blocks.
   int parameters = -1, gradients = -1, exp_avg = -1, exp_avg_sq = -1, compute_weights = -1;
   // Unsharded plans with a compute copy: which runs of the flat parameters have one, and where in
-  // compute_weights (see compute_copy_ranges); AdamW writes the copy over these runs.
-  std::vector<ComputeCopyRange> compute_copy_ranges;
+  // compute_weights (see compute_copy_ranges); AdamW writes the copy over these runs. The runs
+  // also say where each one's gradients are: in `gradients`, or with bf16 linear gradients
+  // (low_precision_linear_grads) in `linear_gradients`, each packed in parameter order.
+  std::vector<ParameterRun> compute_copy_ranges;
+  int linear_gradients = -1;
   // Unsharded plans with a compute copy: the output projection in the compute dtype, cast from the
   // master by the output-head step and live only during it (-1 otherwise: read from compute_weights).
   int output_weight = -1;
@@ -202,6 +212,13 @@ struct StepPlan {
   // (elements), or -1 when it has none (no compute copy, the embedding, float8 linears, the output
   // projection): its readers take the master weights (the output head: output_weight).
   int64_t compute_copy_offset(const ParameterInfo& info) const;
+  // Unsharded plans: the buffer holding parameter `info`'s gradient (gradients or
+  // linear_gradients) and the element it starts at there.
+  struct GradientPlace {
+    int buffer = -1;
+    int64_t offset = 0;
+  };
+  GradientPlace gradient_place(const ParameterInfo& info) const;
   bool sharded() const { return options.shard_degree > 1 || options.shard_single_rank; }
   bool replicated() const { return options.replicate_degree > 1; }
   bool data_parallel() const { return sharded() || replicated(); }
@@ -218,14 +235,20 @@ struct StepPlan {
 // copied run packed after the previous one (64-element aligned, like the flat layout); empty when
 // the plan has no compute copy, or is sharded (its copy covers every element of the shard). With
 // optimizer_takes_float8_weight_amax, each float8 linear's weight is a run of its own whose
-// amax_slot is layer * 7 + weight.
-std::vector<ComputeCopyRange> compute_copy_ranges(const ModelConfig& model, const PlanOptions& options);
+// amax_slot is layer * 7 + weight. Each run's gradients are packed likewise, in the master dtype
+// or (low_precision_linear_grads, the block linears) bf16: grad_offset and low_grad.
+std::vector<ParameterRun> compute_copy_ranges(const ModelConfig& model, const PlanOptions& options);
+// True when the block linears' weight gradients are kept in bf16 (PlanOptions::linear_grad_dtype):
+// unsharded plans with a bf16 compute dtype that ask for it.
+bool low_precision_linear_grads(const PlanOptions& options);
+// Gradient elements the runs place in bf16 (low) or in the master dtype.
+int64_t gradient_elements(const std::vector<ParameterRun>& ranges, bool low);
 // True when AdamW takes the tensorwise amax of every float8 linear's updated master weight (copy
 // runs with amax slots, StepPlan::float8_weight_amax) and the weight cast skips its amax pass:
 // unsharded plans with a compute copy, tensorwise with fusion "full".
 bool optimizer_takes_float8_weight_amax(const PlanOptions& options);
 // Elements of the compute copy the runs describe (0 for no runs).
-int64_t compute_copy_elements(const std::vector<ComputeCopyRange>& ranges);
+int64_t compute_copy_elements(const std::vector<ParameterRun>& ranges);
 
 // Parameters of the largest unit FSDP gathers at once: one block, the embedding or the output head.
 int64_t largest_gather_unit(const ModelConfig& model);

@@ -48,14 +48,17 @@ void Executor::fill_compute_copy() {
     return TensorView(static_cast<char*>(flat.data) + static_cast<size_t>(offset) * dtype_size(flat.dtype), flat.dtype,
                       Shape{count}, flat.device);
   };
-  for (const ComputeCopyRange& range : plan_.compute_copy_ranges)
+  for (const ParameterRun& range : plan_.compute_copy_ranges)
     if (range.copied())
       backend_.convert({span(parameters, range.begin, range.count), span(copy, range.copy_offset, range.count)});
 }
 
 TensorView Executor::grad_view(const ParameterInfo& info, const Step& step) const {
   if (sharded()) return unit_view(step.unit_gradients, info, step);
-  return ParameterLayout::slice(view(plan_.gradients), info);
+  const StepPlan::GradientPlace place = plan_.gradient_place(info);
+  ParameterInfo in_buffer = info;
+  in_buffer.offset = place.offset;
+  return ParameterLayout::slice(view(place.buffer), in_buffer);
 }
 
 void Executor::load_parameters(const float* host) {
@@ -92,6 +95,7 @@ void Executor::reset_optimizer_state() {
   backend_.fill(view(plan_.exp_avg), 0.0f);
   backend_.fill(view(plan_.exp_avg_sq), 0.0f);
   backend_.fill(view(plan_.gradients), 0.0f);
+  if (plan_.linear_gradients >= 0) backend_.fill(view(plan_.linear_gradients), 0.0f);
 }
 
 void Executor::load_batch(const int32_t* inputs, const int32_t* targets) {
@@ -211,11 +215,16 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
       run_backward_op(static_cast<BackwardOp>(step.op), layer_views(step), context_);
       return;
     case StepKind::embedding_backward: embedding_backward(head_views(step), context_); return;
-    case StepKind::gradient_norm: backend_.sum_squares({view(plan_.gradients), view(plan_.grad_sum_squares), false}); return;
+    case StepKind::gradient_norm:
+      backend_.sum_squares({view(plan_.gradients), view(plan_.grad_sum_squares), false});
+      if (plan_.linear_gradients >= 0)
+        backend_.sum_squares({view(plan_.linear_gradients), view(plan_.grad_sum_squares), true});
+      return;
     case StepKind::optimizer: {
       AdamwArgs a;
       a.params = view(plan_.parameters);
       a.grads = view(plan_.gradients);
+      if (plan_.linear_gradients >= 0) a.low_grads = view(plan_.linear_gradients);
       a.exp_avg = view(plan_.exp_avg);
       a.exp_avg_sq = view(plan_.exp_avg_sq);
       a.grad_sum_squares = view(plan_.grad_sum_squares);

@@ -85,6 +85,8 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   o.shape.batch = config.training.local_batch_size;
   o.shape.seq_len = config.training.seq_len;
   o.compute_dtype = parse_dtype(config.training.mixed_precision_param);
+  // auto and bfloat16 alike: the plan keeps them in bf16 where it can (unsharded, bf16 compute).
+  o.linear_grad_dtype = config.training.linear_grad_dtype == "float32" ? DType::f32 : DType::bf16;
   o.policy = parse_checkpoint_policy(config.activation_checkpoint.mode);
   // 0: the base chunk while the checkpointing policy is chosen, grown below where it costs no memory.
   o.loss_chunk_tokens = config.training.loss_chunk_tokens > 0 ? config.training.loss_chunk_tokens

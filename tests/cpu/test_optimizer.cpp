@@ -91,7 +91,7 @@ TEST(Adamw, MatchesScalarReferenceWithClipping) {
   run_steps(DType::f32, 3.0f, 1e-5);
 }
 
-std::vector<ComputeCopyRange> random_runs(int64_t count, uint64_t seed, int64_t& copy_count) {
+std::vector<ParameterRun> random_runs(int64_t count, uint64_t seed, int64_t& copy_count) {
   return testing_support::random_copy_runs(count, seed, seed % 2 == 0, copy_count);
 }
 
@@ -99,7 +99,7 @@ std::vector<ComputeCopyRange> random_runs(int64_t count, uint64_t seed, int64_t&
 struct AdamwState {
   Buffer params, grads, exp_avg, exp_avg_sq, sum_squares;
   std::vector<uint16_t> copy;
-  AdamwArgs args(std::span<const ComputeCopyRange> runs) {
+  AdamwArgs args(std::span<const ParameterRun> runs) {
     AdamwArgs a;
     a.params = params.view();
     a.grads = grads.view();
@@ -225,6 +225,64 @@ TEST(Adamw, AmaxSlotsHoldTheLargestUpdatedMagnitude) {
   EXPECT_THROW(backend->adamw(bad), Error);
 }
 
+// Runs whose gradients are packed elsewhere, about half of them in bf16 (a plan's block linears):
+// the same update, bit for bit, as the whole range reading f32 gradients that hold the same
+// (bf16-representable) values at each element's own offset; every gradient buffer only read.
+TEST(Adamw, GradientsPackedInF32AndBf16GiveTheUpdateOfTheFlatGradients) {
+  BackendFixture backend;
+  const int64_t count = 4 * 2011;
+  int64_t copy_count = 0, grad_count = 0, low_count = 0;
+  auto runs = random_runs(count, 51, copy_count);
+  testing_support::assign_gradient_places(runs, 52, grad_count, low_count);
+  ASSERT_GT(grad_count, 0);
+  ASSERT_GT(low_count, 0);
+  const Shape shape{count};
+  auto make = [&](int64_t grad_size) {
+    auto squares = random_values(count, 3, 0.0, 0.01);
+    return AdamwState{Buffer(random_values(count, 1), DType::f32, shape), Buffer(DType::f32, Shape{grad_size}),
+                      Buffer(random_values(count, 2, -0.1, 0.1), DType::f32, shape), Buffer(squares, DType::f32, shape),
+                      Buffer(DType::f32, Shape{1}), std::vector<uint16_t>(size_t(copy_count), 0xFFFF)};
+  };
+  AdamwState flat = make(count), packed = make(grad_count);
+  for (int64_t step = 1; step <= 3; ++step) {
+    // Every gradient bf16-representable, so that the flat f32 ones hold exactly the packed values.
+    const auto grads = rounded(random_values(count, 60 + uint64_t(step), -0.3, 0.3), DType::bf16);
+    std::vector<double> f32_part(size_t(grad_count), std::nan("")), low_part(size_t(low_count), std::nan(""));
+    for (const auto& run : runs)
+      for (int64_t i = 0; i < run.count; ++i)
+        (run.low_grad ? low_part : f32_part)[size_t(run.grad_offset + i)] = grads[size_t(run.begin + i)];
+    flat.grads.assign(grads);
+    packed.grads.assign(f32_part);
+    Buffer low(low_part, DType::bf16, Shape{low_count});
+    const auto packed_bits = packed.grads.bits(), low_bits = low.bits();
+    backend->sum_squares(SumSquaresArgs{flat.grads.view(), flat.sum_squares.view()});
+    backend->sum_squares(SumSquaresArgs{flat.grads.view(), packed.sum_squares.view()});
+    std::vector<ParameterRun> flat_runs = runs;  // the same runs, gradients at their own offsets in f32
+    for (auto& run : flat_runs) run.low_grad = false, run.grad_offset = -1;
+    AdamwArgs a = flat.args(flat_runs), b = packed.args(runs);
+    b.low_grads = low.view();
+    a.max_norm = b.max_norm = 1.5f;
+    a.step = b.step = step;
+    backend->adamw(a);
+    backend->adamw(b);
+    EXPECT_EQ(flat.params.bits(), packed.params.bits()) << "params, step " << step;
+    EXPECT_EQ(flat.exp_avg.bits(), packed.exp_avg.bits()) << "exp_avg, step " << step;
+    EXPECT_EQ(flat.exp_avg_sq.bits(), packed.exp_avg_sq.bits()) << "exp_avg_sq, step " << step;
+    EXPECT_EQ(flat.copy, packed.copy) << "compute copy, step " << step;
+    EXPECT_EQ(packed.grads.bits(), packed_bits) << "f32 gradients written, step " << step;
+    EXPECT_EQ(low.bits(), low_bits) << "bf16 gradients written, step " << step;
+  }
+  // A bf16 run without low_grads to read, or reaching past them, is refused.
+  AdamwArgs missing = packed.args(runs);
+  missing.step = 4;
+  EXPECT_THROW(backend->adamw(missing), Error);
+  Buffer short_low(DType::bf16, Shape{low_count - 4});
+  AdamwArgs too_short = packed.args(runs);
+  too_short.low_grads = short_low.view();
+  too_short.step = 4;
+  EXPECT_THROW(backend->adamw(too_short), Error);
+}
+
 TEST(Adamw, RejectsCopyRunsThatDoNotTileTheRange) {
   BackendFixture backend;
   const int64_t count = 64;
@@ -233,7 +291,7 @@ TEST(Adamw, RejectsCopyRunsThatDoNotTileTheRange) {
                    Buffer(std::vector<double>(count, 0.0), DType::f32, shape),
                    Buffer(std::vector<double>(count, 0.0), DType::f32, shape), Buffer(DType::f32, Shape{1}),
                    std::vector<uint16_t>(32)};
-  auto attempt = [&](std::vector<ComputeCopyRange> runs) { backend->adamw(state.args(runs)); };
+  auto attempt = [&](std::vector<ParameterRun> runs) { backend->adamw(state.args(runs)); };
   EXPECT_NO_THROW(attempt({{0, 32, -1}, {32, 32, 0}}));
   EXPECT_THROW(attempt({{0, 28, -1}, {32, 32, 0}}), Error) << "a gap";
   EXPECT_THROW(attempt({{0, 32, -1}, {32, 16, 0}}), Error) << "short of the end";

@@ -1,5 +1,6 @@
 // The smaller compute copy on the GPU: AdamW over copy runs (more runs than one launch takes)
-// bit-identical to AdamW over the whole range with a full copy, and the embedding forward from
+// bit-identical to AdamW over the whole range with a full copy, with gradients packed in f32 and
+// bf16 as over flat f32 ones (and the bf16 sum of squares), and the embedding forward from
 // an f32 table into bf16 bit-identical to the CPU and to gathering a bf16 copy of the table.
 #include <algorithm>
 #include <cmath>
@@ -13,7 +14,7 @@ namespace {
 
 class CudaComputeCopy : public CudaOpsTest {};
 
-std::vector<ComputeCopyRange> random_runs(int64_t count, uint64_t seed, int64_t& copy_count) {
+std::vector<ParameterRun> random_runs(int64_t count, uint64_t seed, int64_t& copy_count) {
   return testing_support::random_copy_runs(count, seed, false, copy_count);
 }
 
@@ -78,6 +79,89 @@ TEST_F(CudaComputeCopy, AdamwOverCopyRunsEqualsTheWholeRangeBitForBit) {
     int64_t unwritten = 0;
     for (int64_t i = 0; i < copy_count; ++i) unwritten += std::isnan(packed.get(i));
     EXPECT_EQ(unwritten, 0) << "elements of the packed copy left poisoned";
+  }
+}
+
+// Gradients packed as a plan with bf16 linear gradients packs them (about half the runs in bf16),
+// over runs taking several launches: the GPU's update bit-identical to its update over the whole
+// range from flat f32 gradients holding the same bf16-representable values, and to the CPU's
+// packed update; neither gradient buffer written.
+TEST_F(CudaComputeCopy, AdamwOverPackedF32AndBf16GradientsEqualsTheFlatGradients) {
+  const int64_t count = 4 * 20011;
+  int64_t copy_count = 0, grad_count = 0, low_count = 0;
+  auto runs = random_runs(count, 15, copy_count);
+  testing_support::assign_gradient_places(runs, 16, grad_count, low_count);
+  ASSERT_GT(runs.size(), 2u * 96u) << "the runs must take several launches";
+  HostTensor params = random_tensor(DType::f32, Shape{count}, 80), grads = random_tensor(DType::bf16, Shape{count}, 81);
+  HostTensor flat_grads(DType::f32, Shape{count}), packed(DType::f32, Shape{grad_count}), low(DType::bf16, Shape{low_count});
+  for (int64_t i = 0; i < count; ++i) flat_grads.set(i, grads.get(i));  // bf16 values, held in f32
+  for (int64_t i = 0; i < grad_count; ++i) packed.set(i, std::nan(""));
+  for (int64_t i = 0; i < low_count; ++i) low.set(i, std::nan(""));
+  for (const auto& run : runs)
+    for (int64_t i = 0; i < run.count; ++i) (run.low_grad ? low : packed).set(run.grad_offset + i, grads.get(run.begin + i));
+  HostTensor exp_avg = random_tensor(DType::f32, Shape{count}, 82, 0.1), exp_avg_sq(DType::f32, Shape{count});
+  HostTensor seed_sq = random_tensor(DType::f32, Shape{count}, 83, 0.1);
+  for (int64_t i = 0; i < count; ++i) exp_avg_sq.set(i, seed_sq.get(i) * seed_sq.get(i));
+  HostTensor sum_squares(DType::f32, Shape{1});
+  double total = 0;
+  for (int64_t i = 0; i < count; ++i) total += grads.get(i) * grads.get(i);
+  sum_squares.set(0, total);
+  ASSERT_GT(std::sqrt(total), 1.0) << "the update must clip";
+  std::vector<ParameterRun> flat_runs = runs;
+  for (auto& run : flat_runs) run.low_grad = false, run.grad_offset = -1;
+  auto args = [&](const AdamwArgs& state) {
+    AdamwArgs a = state;
+    a.lr = 3e-3f;
+    a.weight_decay = 0.1f;
+    a.max_norm = 1.0f;
+    a.step = 3;
+    return a;
+  };
+  AdamwArgs flat{upload(params), upload(flat_grads), upload(exp_avg), upload(exp_avg_sq), upload(sum_squares)};
+  flat.compute_copy = poisoned(DType::bf16, Shape{copy_count});
+  flat.copy_ranges = flat_runs;
+  AdamwArgs device{upload(params), upload(packed), upload(exp_avg), upload(exp_avg_sq), upload(sum_squares)};
+  device.compute_copy = poisoned(DType::bf16, Shape{copy_count});
+  device.copy_ranges = runs;
+  device.low_grads = upload(low);
+  cuda_->adamw(args(flat));
+  cuda_->adamw(args(device));
+  HostTensor cpu_copy(DType::bf16, Shape{copy_count});
+  AdamwArgs host{params.view, packed.view, exp_avg.view, exp_avg_sq.view, sum_squares.view};
+  host.compute_copy = cpu_copy.view;
+  host.copy_ranges = runs;
+  host.low_grads = low.view;
+  cpu_->adamw(args(host));
+  cuda_->synchronize();
+  expect_bits_equal(download(flat.params), download(device.params), "params");
+  expect_bits_equal(download(flat.exp_avg), download(device.exp_avg), "exp_avg");
+  expect_bits_equal(download(flat.exp_avg_sq), download(device.exp_avg_sq), "exp_avg_sq");
+  expect_bits_equal(download(flat.compute_copy), download(device.compute_copy), "compute copy");
+  expect_bits_equal(packed, download(device.grads), "f32 gradients (read only)");
+  expect_bits_equal(low, download(device.low_grads), "bf16 gradients (read only)");
+  expect_close(params, download(device.params), 1e-6, "params against the CPU");
+  expect_close(exp_avg_sq, download(device.exp_avg_sq), 1e-6, "exp_avg_sq against the CPU");
+}
+
+// The gradient norm of bf16 gradients (eight per load on the GPU): the sum of squares against the
+// CPU's, at lengths that leave a tail past the last group of eight, added to what out held.
+TEST_F(CudaComputeCopy, SumSquaresOfBf16MatchesCpuAndAccumulates) {
+  for (int64_t count : {int64_t(8 * 100003), int64_t(8 * 5000 + 5)}) {
+    SCOPED_TRACE("count " + std::to_string(count));
+    const HostTensor x = random_tensor(DType::bf16, Shape{count}, 90, 0.01);
+    HostTensor cpu_out(DType::f32, Shape{1});
+    cpu_out.set(0, 0.75);
+    cpu_->sum_squares({x.view, cpu_out.view, true});
+    HostTensor start(DType::f32, Shape{1});
+    start.set(0, 0.75);
+    const TensorView out = upload(start);
+    cuda_->sum_squares({upload(x), out, true});
+    double expected = 0.75;
+    for (int64_t i = 0; i < count; ++i) expected += x.get(i) * x.get(i);
+    ASSERT_GT(expected, 1.0) << "the values must outweigh what out held";
+    const double got = download(out).get(0);
+    EXPECT_NEAR(got, expected, 1e-6 * expected);
+    EXPECT_NEAR(got, cpu_out.get(0), 1e-6 * expected);
   }
 }
 

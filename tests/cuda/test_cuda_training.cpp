@@ -1,7 +1,8 @@
 // A whole training run of a small model on the CUDA backend against the CPU
 // reference: the same losses over 20 steps and the same final weights, within
 // bf16 / f32 tolerances; float8 recipes against the CPU emulation (with AC none, the inputs kept
-// as float8 x^T from forward to backward). Skips without a GPU.
+// as float8 x^T from forward to backward); bf16 selective-op and the tensorwise and rowwise runs
+// keep the block linears' weight gradients in bf16, the others in f32. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -34,7 +35,8 @@ struct Run {
   std::unique_ptr<Executor> executor;
 };
 
-Run make_run(std::unique_ptr<Backend> backend, DType compute, const char* policy, Float8Recipe recipe) {
+Run make_run(std::unique_ptr<Backend> backend, DType compute, const char* policy, Float8Recipe recipe,
+             DType linear_grads) {
   Run r;
   r.backend = std::move(backend);
   ModelConfig model = small_model();
@@ -43,6 +45,7 @@ Run make_run(std::unique_ptr<Backend> backend, DType compute, const char* policy
   o.compute_dtype = compute;
   o.policy = parse_checkpoint_policy(policy);
   o.float8.recipe = recipe;
+  o.linear_grad_dtype = linear_grads;
   o.loss_chunk_tokens = 48;  // not a divisor of 128 tokens: exercises the last partial chunk
   WorkspaceShape w;
   w.tokens = 128;
@@ -65,11 +68,14 @@ Run make_run(std::unique_ptr<Backend> backend, DType compute, const char* policy
   return r;
 }
 
+// linear_grads: the block linears' weight gradients in bf16 (as bf16 training runs keep them by
+// default) or f32.
 void compare_training(DType compute, const char* policy, double loss_tolerance, double weight_tolerance,
-                      Float8Recipe recipe = Float8Recipe::none) {
+                      Float8Recipe recipe = Float8Recipe::none, DType linear_grads = DType::f32) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-  Run cpu = make_run(make_cpu_backend(), compute, policy, recipe);
-  Run gpu = make_run(make_cuda_backend(), compute, policy, recipe);
+  Run cpu = make_run(make_cpu_backend(), compute, policy, recipe, linear_grads);
+  Run gpu = make_run(make_cuda_backend(), compute, policy, recipe, linear_grads);
+  ASSERT_EQ(gpu.plan.linear_gradients >= 0, linear_grads == DType::bf16);
   if (recipe != Float8Recipe::none && std::string(policy) == "none") {
     int saved = 0;
     for (const auto& lb : gpu.plan.layers)
@@ -111,17 +117,19 @@ void compare_training(DType compute, const char* policy, double loss_tolerance, 
 }
 
 TEST(CudaTraining, Float32MatchesTheCpuReference) { compare_training(DType::f32, "none", 1e-4, 2e-3); }
-TEST(CudaTraining, Bfloat16SelectiveOpMatchesTheCpuReference) { compare_training(DType::bf16, "selective-op", 1e-2, 2e-2); }
+TEST(CudaTraining, Bfloat16SelectiveOpMatchesTheCpuReference) {
+  compare_training(DType::bf16, "selective-op", 1e-2, 2e-2, Float8Recipe::none, DType::bf16);
+}
 TEST(CudaTraining, Bfloat16FullCheckpointMatchesTheCpuReference) { compare_training(DType::bf16, "full", 1e-2, 2e-2); }
 
 // Float8: quantised operands are bit-identical to the emulation's (tests/cuda/test_cuda_fp8_*),
 // so only GEMM summation order (and tensorwise's fast accumulation) differs, and what rounding it
 // shifts downstream.
 TEST(CudaTraining, Float8TensorwiseNoCheckpointMatchesTheCpuEmulation) {
-  compare_training(DType::bf16, "none", 2e-2, 5e-2, Float8Recipe::tensorwise);
+  compare_training(DType::bf16, "none", 2e-2, 5e-2, Float8Recipe::tensorwise, DType::bf16);
 }
 TEST(CudaTraining, Float8RowwiseSelectiveOpMatchesTheCpuEmulation) {
-  compare_training(DType::bf16, "selective-op", 2e-2, 5e-2, Float8Recipe::rowwise);
+  compare_training(DType::bf16, "selective-op", 2e-2, 5e-2, Float8Recipe::rowwise, DType::bf16);
 }
 TEST(CudaTraining, Float8BlockwiseNoCheckpointMatchesTheCpuEmulation) {
   compare_training(DType::bf16, "none", 2e-2, 5e-2, Float8Recipe::blockwise);

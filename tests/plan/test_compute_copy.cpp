@@ -167,6 +167,83 @@ TEST(ComputeCopy, PlansWithoutACopyOrShardedOnesAreUnchanged) {
   EXPECT_EQ(plan.buffers[size_t(plan.compute_weights)].shape.numel(), plan.local_parameter_count());
 }
 
+// bf16 linear gradients: every block linear's gradient in linear_gradients (bf16), everything
+// else's in gradients, each packed in parameter order without overlap; the step's gradient memory
+// smaller by two bytes per linear element; the gradient norm and AdamW read both buffers; and the
+// cost model counts two bytes less per linear element for each. f32 and sharded plans ignore it.
+TEST(ComputeCopy, Bf16LinearGradientsArePackedApartFromTheOthers) {
+  const ModelConfig model = small_model(3);
+  const ParameterLayout layout(model);
+  for (Float8Recipe recipe : {Float8Recipe::none, Float8Recipe::tensorwise}) {
+    SCOPED_TRACE(std::string(float8_recipe_name(recipe)));
+    const PlanOptions f32_grads = bf16_options(recipe);
+    PlanOptions low = f32_grads;
+    low.linear_grad_dtype = DType::bf16;
+    ASSERT_TRUE(low_precision_linear_grads(low));
+    const StepPlan plan = build_step_plan(model, low), wide = build_step_plan(model, f32_grads);
+    ASSERT_GE(plan.linear_gradients, 0);
+    EXPECT_LT(wide.linear_gradients, 0);
+    EXPECT_EQ(plan.buffers[size_t(plan.linear_gradients)].dtype, DType::bf16);
+    EXPECT_EQ(plan.buffers[size_t(plan.linear_gradients)].request.kind, BufferClass::gradients);
+    int64_t linear_elements = 0, other_elements = 0;
+    std::vector<std::pair<int64_t, int64_t>> places[2];  // (offset, padded length) per buffer
+    for (size_t i = 0; i < layout.parameters().size(); ++i) {
+      const ParameterInfo& p = layout.parameters()[i];
+      const int64_t block = int64_t(i) - 1;
+      const bool linear = i > 0 && block < model.n_layers * kLayerWeightCount &&
+                          static_cast<LayerWeight>(block % kLayerWeightCount) != LayerWeight::attn_norm &&
+                          static_cast<LayerWeight>(block % kLayerWeightCount) != LayerWeight::ffn_norm;
+      const StepPlan::GradientPlace place = plan.gradient_place(p);
+      EXPECT_EQ(place.buffer, linear ? plan.linear_gradients : plan.gradients) << p.name;
+      EXPECT_EQ(place.offset % 64, 0) << p.name;
+      places[linear].emplace_back(place.offset, padded(p.numel()));
+      (linear ? linear_elements : other_elements) += padded(p.numel());
+      const StepPlan::GradientPlace flat = wide.gradient_place(p);
+      EXPECT_EQ(flat.buffer, wide.gradients) << p.name;
+      EXPECT_EQ(flat.offset, p.offset) << p.name << ": without bf16 gradients they are laid out like the parameters";
+    }
+    EXPECT_EQ(linear_elements + other_elements, layout.total());
+    EXPECT_EQ(plan.buffers[size_t(plan.linear_gradients)].shape.numel(), linear_elements);
+    EXPECT_EQ(plan.buffers[size_t(plan.gradients)].shape.numel(), other_elements);
+    for (auto& list : places) {
+      std::sort(list.begin(), list.end());
+      for (size_t i = 0; i + 1 < list.size(); ++i) EXPECT_EQ(list[i].first + list[i].second, list[i + 1].first);
+    }
+    EXPECT_EQ(places[1].back().first + places[1].back().second, linear_elements);
+    EXPECT_EQ(places[0].back().first + places[0].back().second, other_elements);
+    EXPECT_EQ(plan.bytes_of(BufferClass::gradients) + size_t(2 * linear_elements), wide.bytes_of(BufferClass::gradients));
+    EXPECT_LT(plan.memory.arena_bytes, wide.memory.arena_bytes);
+    EXPECT_EQ(gradient_elements(plan.compute_copy_ranges, true), linear_elements);
+    for (const auto& run : plan.compute_copy_ranges) {
+      EXPECT_GE(run.grad_offset, 0);
+      if (run.amax_slot >= 0) {
+        EXPECT_TRUE(run.low_grad) << "a float8 linear's run";
+      }
+    }
+    // Both gradient buffers are read by the gradient norm and by AdamW: live to the optimizer.
+    size_t optimizer = 0;
+    while (plan.steps[optimizer].kind != StepKind::optimizer) ++optimizer;
+    EXPECT_GE(plan.buffers[size_t(plan.linear_gradients)].request.last_step, int(optimizer));
+    // The cost model: two bytes less per linear element for the gradient norm and for AdamW.
+    DeviceCeilings ceilings = h200_ceilings();
+    const CostModel cost(ceilings, recipe != Float8Recipe::none);
+    const double saved = 2.0 * double(linear_elements) / ceilings.elementwise_bytes_per_second;
+    EXPECT_NEAR(cost.step_seconds(Step{StepKind::optimizer}, model, f32_grads) -
+                    cost.step_seconds(Step{StepKind::optimizer}, model, low), saved, 1e-12);
+    EXPECT_NEAR(cost.step_seconds(Step{StepKind::gradient_norm}, model, f32_grads) -
+                    cost.step_seconds(Step{StepKind::gradient_norm}, model, low),
+                saved - 2 * ceilings.kernel_launch_seconds, 1e-12);
+  }
+  PlanOptions f32 = bf16_options();
+  f32.compute_dtype = DType::f32;
+  f32.linear_grad_dtype = DType::bf16;
+  EXPECT_LT(build_step_plan(model, f32).linear_gradients, 0) << "f32 compute: every gradient f32";
+  PlanOptions sharded = bf16_options();
+  sharded.shard_single_rank = true;
+  sharded.linear_grad_dtype = DType::bf16;
+  EXPECT_LT(build_step_plan(model, sharded).linear_gradients, 0) << "sharded: reduce_dtype decides";
+}
+
 // Optimizer: 28 bytes per parameter (read p g m v, write p m v) and 2 per copied element; the
 // float8 cast: 10 bytes per float8 weight element (fp32 read twice, W and W^T written), 9 when
 // tensorwise leaves W^T to each backward use.
