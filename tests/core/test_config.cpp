@@ -260,6 +260,19 @@ TEST(Config, ValidateChecksValuesSetInCode) {
   config.model.dim = 100;
   config.model.n_heads = 3;
   expect_config_error([&] { validate_config(config); }, {"model.dim", "model.n_heads"});
+  config = JobConfig{};
+  config.training.linear_grad_dtype = "float16";
+  expect_config_error([&] { validate_config(config); }, {"training.linear_grad_dtype", "bfloat16"});
+  config = JobConfig{};
+  config.training.linear_grad_dtype = "bfloat16";  // bf16 gradients of f32 GEMMs: refused
+  expect_config_error([&] { validate_config(config); }, {"training.linear_grad_dtype", "training.mixed_precision_param"});
+  config.training.mixed_precision_param = "bfloat16";
+  EXPECT_NO_THROW(validate_config(config));
+  config.parallelism.shard_single_rank = true;
+  expect_config_error([&] { validate_config(config); }, {"training.linear_grad_dtype", "parallelism.reduce_dtype"});
+  config = JobConfig{};
+  config.parallelism.shard_single_rank = true;  // auto: f32 where sharded, no error
+  EXPECT_NO_THROW(validate_config(config));
 }
 
 TEST(Config, KeysAndJsonCoverEverySection) {
