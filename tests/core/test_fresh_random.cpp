@@ -1,5 +1,6 @@
-// The test helper that seeds generators afresh: SMELT_TEST_SEED replays a run's draws, runs
-// without it differ, and a malformed value fails the test that reads it.
+// The test helpers that seed draws afresh from one seed per test: the test's seed replays its
+// FreshRandom generators and numbered streams, the listener draws a new seed per test (SMELT_TEST_SEED
+// fixes it), and a malformed SMELT_TEST_SEED fails the test that reads it.
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
@@ -29,38 +30,58 @@ class SeedVariable {
   std::optional<std::string> saved_;
 };
 
-TEST(FreshRandom, SmeltTestSeedReplaysTheDraws) {
-  const uint64_t seed = testing_support::FreshRandom().seed();  // any seed, then replayed
-  const SeedVariable variable(std::to_string(seed));
-  testing_support::FreshRandom replayed;
-  Random original(seed);
-  EXPECT_EQ(replayed.seed(), seed);
-  for (int i = 0; i < 16; ++i) EXPECT_EQ(replayed.next(), original.next()) << "draw " << i;
-}
+// Sets the running test's seed (and its count of FreshRandom generators) for one scope, as a test
+// starting with that seed would, restoring both after.
+class RunningSeed {
+ public:
+  explicit RunningSeed(uint64_t seed)
+      : saved_(testing_support::running_test_seed()), made_(testing_support::fresh_generators_made()) {
+    testing_support::begin_test(seed);
+  }
+  ~RunningSeed() {
+    testing_support::running_test_seed() = saved_;
+    testing_support::fresh_generators_made() = made_;
+  }
 
-TEST(FreshRandom, RunsWithoutAReplayDrawDifferentSeeds) {
-  const SeedVariable variable(std::nullopt);
-  testing_support::FreshRandom a, b;
-  EXPECT_NE(a.seed(), b.seed());
-  EXPECT_NE(a.next(), b.next());
+ private:
+  uint64_t saved_, made_;
+};
+
+// The k-th FreshRandom of a test is the same generator whenever the test runs with the same seed
+// (so the one seed the listener names replays it), and another with another seed; two within a
+// test differ.
+TEST(FreshRandom, TheTestSeedReplaysEveryGeneratorTheTestMakes) {
+  const uint64_t seed = testing_support::FreshRandom().next(), other = testing_support::FreshRandom().next();
+  uint64_t first[2], again[2], elsewhere[2];
+  {
+    const RunningSeed running(seed);
+    testing_support::FreshRandom a, b;
+    first[0] = a.next(), first[1] = b.next();
+    EXPECT_NE(a.seed(), b.seed());
+  }
+  {
+    const RunningSeed running(seed);
+    testing_support::FreshRandom a, b;
+    again[0] = a.next(), again[1] = b.next();
+    Random replay(a.seed());
+    EXPECT_EQ(replay.next(), again[0]) << "a FreshRandom is Random seeded with seed()";
+  }
+  {
+    const RunningSeed running(other);
+    testing_support::FreshRandom a, b;
+    elsewhere[0] = a.next(), elsewhere[1] = b.next();
+  }
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(first[k], again[k]) << "generator " << k << " with the same test seed";
+    EXPECT_NE(first[k], elsewhere[k]) << "generator " << k << " with another test seed";
+  }
+  EXPECT_NE(first[0], first[1]);
 }
 
 TEST(FreshRandom, AMalformedReplayFailsTheTestThatReadsIt) {
   const SeedVariable variable(std::string("12x"));
   EXPECT_NONFATAL_FAILURE(testing_support::fresh_seed(), "SMELT_TEST_SEED='12x' is not a decimal number");
 }
-
-// Sets the running test's seed for one scope, restoring it after.
-class RunningSeed {
- public:
-  explicit RunningSeed(uint64_t seed) : saved_(testing_support::running_test_seed()) {
-    testing_support::running_test_seed() = seed;
-  }
-  ~RunningSeed() { testing_support::running_test_seed() = saved_; }
-
- private:
-  uint64_t saved_;
-};
 
 TEST(FreshSeeds, AStreamNumberGivesTheSameSeedWithinARunAndAnotherInTheNext) {
   testing_support::FreshRandom random;
@@ -94,8 +115,11 @@ TEST(FreshSeeds, TheListenerDrawsEachTestsSeedAndSmeltTestSeedReplaysIt) {
   const SeedVariable variable(std::nullopt);
   listener.OnTestStart(test);
   const uint64_t first = testing_support::running_test_seed();
+  testing_support::FreshRandom made_in_the_test;
+  EXPECT_EQ(testing_support::fresh_generators_made(), 1u);
   listener.OnTestStart(test);
   EXPECT_NE(testing_support::running_test_seed(), first);
+  EXPECT_EQ(testing_support::fresh_generators_made(), 0u) << "a new test counts its generators from 0";
 }
 
 }  // namespace
