@@ -61,7 +61,11 @@ TEST(Training, DebugModelLearnsRealTextWithinTwoHundredSteps) {
   // Untrained: the final norm's output has unit RMS and the output weights std dim^-1/2
   // (truncated at 3 sigma), so the logits are about unit-variance Gaussians and the expected
   // loss is log(258) + 1/2 (the log-sum-exp of N(0, 1) logits), not the uniform guess log(258).
-  EXPECT_NEAR(result.first_loss, std::log(258.0) + 0.5, 0.25);
+  // One batch is 512 bytes of this repository's own text, which changes with every commit: over 20
+  // seeds on docs/ the first loss spread 5.91-6.21, and a batch inside a markdown table (few
+  // distinct bytes, so correlated logits) gave 6.37. A wrong scale moves it by far more: output
+  // weights of twice the std already give about log(258) + 2.
+  EXPECT_NEAR(result.first_loss, std::log(258.0) + 0.5, 0.5);
   double last = 0;
   for (size_t i = 190; i < 200; ++i) last += result.losses[i] / 10;
   // Trained, it must beat every context-free predictor of this text by a clear margin:
