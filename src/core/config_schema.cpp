@@ -170,7 +170,8 @@ std::vector<ConfigField> config_schema() {
       bind("training", "linear_grad_dtype", &C::training, &TrainingSection::linear_grad_dtype,
            "dtype the block linears' weight gradients are kept in: bfloat16 is what their grad-weight GEMMs "
            "round to in PyTorch's mixed precision, in half the memory, read in half the time by the gradient "
-           "norm and AdamW; the embedding's, norms' and output projection's stay float32. auto: bfloat16 "
+           "norm and AdamW; so is the output projection's when the loss head runs in one chunk "
+           "(loss_chunk_tokens >= tokens per step), the embedding's and norms' stay float32. auto: bfloat16 "
            "when mixed_precision_param is bfloat16 and the run is not sharded (FSDP reduces in "
            "parallelism.reduce_dtype), float32 otherwise",
            one_of({"auto", "float32", "bfloat16"})),

@@ -230,6 +230,8 @@ void output_head(const HeadViews& v, const ModelContext& c) {
   Backend& b = c.backend;
   const int64_t tokens = v.final_norm_out.rows();
   const int64_t chunk = v.logits.rows();
+  SMELT_CHECK(v.output_grad.dtype != DType::bf16 || chunk >= tokens,
+              "output head: a bf16 output-projection gradient needs one loss chunk (it is written once, never added to)");
   for (int64_t first = 0; first < tokens; first += chunk) {
     const int64_t rows = std::min(chunk, tokens - first);
     TensorView hidden = v.final_norm_out.row_slice(first, rows);

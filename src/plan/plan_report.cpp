@@ -183,8 +183,11 @@ std::string format_plan(const StepPlan& plan, bool list_steps) {
   }
   if (plan.compute_weights >= 0) out << "weights: " << compute_copy_summary(plan) << "\n";
   if (plan.linear_gradients >= 0)
-    out << "grads:   block linears' in bf16 (" << format_bytes(plan.buffers[size_t(plan.linear_gradients)].request.bytes)
-        << ", what their grad-weight GEMMs round to), the embedding's, norms' and output's in "
+    out << "grads:   block linears'" << (plan.compute_copy_ranges.back().low_grad ? " and output's (one loss chunk)" : "")
+        << " in bf16 (" << format_bytes(plan.buffers[size_t(plan.linear_gradients)].request.bytes)
+        << ", what their grad-weight GEMMs round to), "
+        << (plan.compute_copy_ranges.back().low_grad ? "the embedding's and norms'" : "the embedding's, norms' and output's")
+        << " in "
         << dtype_name(plan.buffers[size_t(plan.gradients)].dtype) << " ("
         << format_bytes(plan.buffers[size_t(plan.gradients)].request.bytes)
         << "); training.linear_grad_dtype = float32 keeps all in f32\n";

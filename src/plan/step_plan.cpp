@@ -117,6 +117,8 @@ std::vector<ParameterRun> compute_copy_ranges(const ModelConfig& model, const Pl
   };
   const bool amax_slots = optimizer_takes_float8_weight_amax(options);
   const bool low_grads = low_precision_linear_grads(options);
+  // The output projection's gradient is written once when the head runs in one loss chunk.
+  const bool low_output_grad = low_grads && options.loss_chunk_tokens >= options.shape.tokens();
   std::vector<ParameterRun> ranges;
   int64_t copy_total = 0, grad_total = 0, low_grad_total = 0;
   for (size_t index = 0; index < parameters.size(); ++index) {
@@ -130,6 +132,8 @@ std::vector<ParameterRun> compute_copy_ranges(const ModelConfig& model, const Pl
       keep = copied(block_index / kLayerWeightCount, weight);
       if (amax_slots && !keep) slot = static_cast<int32_t>(block_index);  // a float8 linear: layer * 7 + weight
       low = low_grads && weight != LayerWeight::attn_norm && weight != LayerWeight::ffn_norm;
+    } else if (index + 1 == parameters.size()) {
+      low = low_output_grad;
     }
     const int64_t begin = parameters[index].offset;
     const int64_t end = index + 1 < parameters.size() ? parameters[index + 1].offset : layout.total();
@@ -290,9 +294,13 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   if (compute != master) plan.compute_copy_ranges = compute_copy_ranges(model, options);
   plan.parameters = b.buffer("parameters (master)", master, flat, BufferClass::parameters, true);
   if (low_precision_linear_grads(options)) {
-    plan.gradients = b.buffer("gradients (embedding, norms, output)", master,
-                              Shape{gradient_elements(plan.compute_copy_ranges, false)}, BufferClass::gradients, true);
-    plan.linear_gradients = b.buffer("gradients (block linears, bf16)", DType::bf16,
+    const bool output_too = plan.compute_copy_ranges.back().low_grad;  // the output projection is the last run
+    plan.gradients = b.buffer(output_too ? "gradients (embedding, norms)" : "gradients (embedding, norms, output)",
+                              master, Shape{gradient_elements(plan.compute_copy_ranges, false)}, BufferClass::gradients,
+                              true);
+    plan.linear_gradients = b.buffer(output_too ? "gradients (block linears and output, bf16)"
+                                                : "gradients (block linears, bf16)",
+                                     DType::bf16,
                                      Shape{gradient_elements(plan.compute_copy_ranges, true)}, BufferClass::gradients, true);
   } else {
     plan.gradients = b.buffer("gradients", master, flat, BufferClass::gradients, true);

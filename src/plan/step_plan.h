@@ -99,9 +99,11 @@ struct PlanOptions {
   // Unsharded plans with a bf16 compute dtype: the dtype the block linears' weight gradients are
   // kept in. bf16 is what their grad-weight GEMMs round to anyway in PyTorch's mixed precision
   // (autocast widens the rounded values to f32 afterwards); kept in bf16 they take half the memory
-  // and half the bytes for the gradient norm and AdamW to read. The embedding's, the norms' and
-  // the output projection's (accumulated over loss chunks) stay in the master dtype. Sharded
-  // plans keep every gradient in the master dtype (their reduce dtype is reduce_dtype).
+  // and half the bytes for the gradient norm and AdamW to read. So does the output projection's
+  // when the head runs in one loss chunk (loss_chunk_tokens >= tokens: written once; over several
+  // chunks it is accumulated, in the master dtype). The embedding's and the norms' stay in the
+  // master dtype. Sharded plans keep every gradient in the master dtype (their reduce dtype is
+  // reduce_dtype).
   DType linear_grad_dtype = DType::f32;
 };
 
@@ -236,7 +238,8 @@ struct StepPlan {
 // the plan has no compute copy, or is sharded (its copy covers every element of the shard). With
 // optimizer_takes_float8_weight_amax, each float8 linear's weight is a run of its own whose
 // amax_slot is layer * 7 + weight. Each run's gradients are packed likewise, in the master dtype
-// or (low_precision_linear_grads, the block linears) bf16: grad_offset and low_grad.
+// or (low_precision_linear_grads: the block linears, and the output projection when the head runs
+// in one loss chunk) bf16: grad_offset and low_grad.
 std::vector<ParameterRun> compute_copy_ranges(const ModelConfig& model, const PlanOptions& options);
 // True when the block linears' weight gradients are kept in bf16 (PlanOptions::linear_grad_dtype):
 // unsharded plans with a bf16 compute dtype that ask for it.

@@ -36,7 +36,7 @@ struct Run {
 };
 
 Run make_run(std::unique_ptr<Backend> backend, DType compute, const char* policy, Float8Recipe recipe,
-             DType linear_grads) {
+             DType linear_grads, int64_t loss_chunk) {
   Run r;
   r.backend = std::move(backend);
   ModelConfig model = small_model();
@@ -46,7 +46,7 @@ Run make_run(std::unique_ptr<Backend> backend, DType compute, const char* policy
   o.policy = parse_checkpoint_policy(policy);
   o.float8.recipe = recipe;
   o.linear_grad_dtype = linear_grads;
-  o.loss_chunk_tokens = 48;  // not a divisor of 128 tokens: exercises the last partial chunk
+  o.loss_chunk_tokens = loss_chunk;
   WorkspaceShape w;
   w.tokens = 128;
   w.seq_len = 64;
@@ -69,12 +69,13 @@ Run make_run(std::unique_ptr<Backend> backend, DType compute, const char* policy
 }
 
 // linear_grads: the block linears' weight gradients in bf16 (as bf16 training runs keep them by
-// default) or f32.
+// default) or f32. The loss chunk of 48 does not divide 128 tokens: it exercises the last partial
+// chunk; one of 128 (one chunk) puts the output projection's gradient in bf16 too.
 void compare_training(DType compute, const char* policy, double loss_tolerance, double weight_tolerance,
-                      Float8Recipe recipe = Float8Recipe::none, DType linear_grads = DType::f32) {
+                      Float8Recipe recipe = Float8Recipe::none, DType linear_grads = DType::f32, int64_t loss_chunk = 48) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-  Run cpu = make_run(make_cpu_backend(), compute, policy, recipe, linear_grads);
-  Run gpu = make_run(make_cuda_backend(), compute, policy, recipe, linear_grads);
+  Run cpu = make_run(make_cpu_backend(), compute, policy, recipe, linear_grads, loss_chunk);
+  Run gpu = make_run(make_cuda_backend(), compute, policy, recipe, linear_grads, loss_chunk);
   ASSERT_EQ(gpu.plan.linear_gradients >= 0, linear_grads == DType::bf16);
   if (recipe != Float8Recipe::none && std::string(policy) == "none") {
     int saved = 0;
@@ -119,6 +120,9 @@ void compare_training(DType compute, const char* policy, double loss_tolerance, 
 TEST(CudaTraining, Float32MatchesTheCpuReference) { compare_training(DType::f32, "none", 1e-4, 2e-3); }
 TEST(CudaTraining, Bfloat16SelectiveOpMatchesTheCpuReference) {
   compare_training(DType::bf16, "selective-op", 1e-2, 2e-2, Float8Recipe::none, DType::bf16);
+}
+TEST(CudaTraining, Bfloat16OneLossChunkMatchesTheCpuReference) {
+  compare_training(DType::bf16, "none", 1e-2, 2e-2, Float8Recipe::none, DType::bf16, 128);
 }
 TEST(CudaTraining, Bfloat16FullCheckpointMatchesTheCpuReference) { compare_training(DType::bf16, "full", 1e-2, 2e-2); }
 

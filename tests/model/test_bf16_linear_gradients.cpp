@@ -1,6 +1,6 @@
 // The block linears' weight gradients kept in bf16 (PlanOptions::linear_grad_dtype): one backward
 // gives every other gradient bit for bit as the plan with f32 gradients does, and each linear's
-// the f32 one rounded to bf16; the gradient norm covers both buffers; training follows the f32
+// (the output projection's too when the head runs in one loss chunk) the f32 one rounded to bf16; the gradient norm covers both buffers; training follows the f32
 // gradients' run to within what the rounding explains, in bf16 and with float8 linears.
 #include <gtest/gtest.h>
 
@@ -30,9 +30,11 @@ double gradient(TinyRun& run, const ParameterInfo& p, int64_t i) {
   return buffer.as<float>()[place.offset + i];
 }
 
-// A bf16 run of two blocks, planned again with `recipe` and f32 or bf16 linear gradients.
+// A bf16 run of two blocks (16 tokens), planned again with `recipe` and f32 or bf16 linear
+// gradients; a loss chunk of 16 tokens puts the output projection's gradient in bf16 too.
 struct Bf16Run : TinyRun {
-  Bf16Run(Float8Recipe recipe, bool low) : TinyRun(tiny_model(2), DType::bf16, "selective-op", 2, 8) {
+  Bf16Run(Float8Recipe recipe, bool low, int64_t loss_chunk = 3)
+      : TinyRun(tiny_model(2), DType::bf16, "selective-op", 2, 8, loss_chunk) {
     PlanOptions options = plan.options;
     options.float8.recipe = recipe;
     options.float8.filter_fqns = {"output"};
@@ -41,9 +43,10 @@ struct Bf16Run : TinyRun {
   }
 };
 
-void expect_rounded_linear_gradients(Float8Recipe recipe) {
-  SCOPED_TRACE(std::string(float8_recipe_name(recipe)));
-  Bf16Run wide(recipe, false), low(recipe, true);
+void expect_rounded_linear_gradients(Float8Recipe recipe, int64_t loss_chunk = 3) {
+  SCOPED_TRACE(std::string(float8_recipe_name(recipe)) + ", loss chunk " + std::to_string(loss_chunk));
+  Bf16Run wide(recipe, false, loss_chunk), low(recipe, true, loss_chunk);
+  const bool output_rounded = loss_chunk >= 16;
   ASSERT_LT(wide.plan.linear_gradients, 0);
   ASSERT_GE(low.plan.linear_gradients, 0);
   for (Bf16Run* run : {&wide, &low}) {
@@ -57,7 +60,8 @@ void expect_rounded_linear_gradients(Float8Recipe recipe) {
   double sum_squares = 0;
   for (size_t index = 0; index < layout.parameters().size(); ++index) {
     const ParameterInfo& p = layout.parameters()[index];
-    const bool is_linear = block_linear(index, model);
+    const bool is_linear = block_linear(index, model) || (output_rounded && index + 1 == layout.parameters().size());
+    ASSERT_EQ(low.plan.gradient_place(p).buffer == low.plan.linear_gradients, is_linear) << p.name;
     for (int64_t i = 0; i < p.numel(); ++i) {
       const double want = gradient(wide, p, i), got = gradient(low, p, i);
       sum_squares += got * got;
@@ -90,6 +94,11 @@ void expect_rounded_linear_gradients(Float8Recipe recipe) {
 
 TEST(Bf16LinearGradients, AreTheF32OnesRoundedAndEveryOtherGradientIsUnchanged) {
   expect_rounded_linear_gradients(Float8Recipe::none);
+}
+
+TEST(Bf16LinearGradients, OneLossChunkRoundsTheOutputProjectionsToo) {
+  expect_rounded_linear_gradients(Float8Recipe::none, 16);
+  expect_rounded_linear_gradients(Float8Recipe::tensorwise, 16);
 }
 
 TEST(Bf16LinearGradients, Float8GradWeightGemmsRoundLikewise) {

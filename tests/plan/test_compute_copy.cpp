@@ -234,6 +234,22 @@ TEST(ComputeCopy, Bf16LinearGradientsArePackedApartFromTheOthers) {
                     cost.step_seconds(Step{StepKind::gradient_norm}, model, low),
                 saved - 2 * ceilings.kernel_launch_seconds, 1e-12);
   }
+  // One loss chunk: the output projection's gradient is written once, so it is bf16 too.
+  PlanOptions one_chunk = bf16_options();
+  one_chunk.linear_grad_dtype = DType::bf16;
+  one_chunk.loss_chunk_tokens = one_chunk.shape.tokens();
+  const StepPlan whole = build_step_plan(model, one_chunk), chunked = build_step_plan(model, [&] {
+    PlanOptions o = one_chunk;
+    o.loss_chunk_tokens = o.shape.tokens() / 2;
+    return o;
+  }());
+  EXPECT_EQ(whole.gradient_place(layout.output()).buffer, whole.linear_gradients);
+  EXPECT_EQ(chunked.gradient_place(layout.output()).buffer, chunked.gradients) << "accumulated over two chunks: f32";
+  const auto elements = [](const StepPlan& p, int buffer) { return p.buffers[size_t(buffer)].shape.numel(); };
+  EXPECT_EQ(elements(whole, whole.linear_gradients), elements(chunked, chunked.linear_gradients) + padded(layout.output().numel()));
+  EXPECT_EQ(elements(whole, whole.gradients) + padded(layout.output().numel()), elements(chunked, chunked.gradients));
+  EXPECT_LT(whole.bytes_of(BufferClass::gradients), chunked.bytes_of(BufferClass::gradients));
+  EXPECT_EQ(whole.gradient_place(layout.final_norm()).buffer, whole.gradients);
   PlanOptions f32 = bf16_options();
   f32.compute_dtype = DType::f32;
   f32.linear_grad_dtype = DType::bf16;
