@@ -4,7 +4,7 @@
 
 namespace smelt {
 
-int64_t choose_loss_chunk(const ModelConfig& model, PlanOptions options) {
+int64_t choose_loss_chunk(const ModelConfig& model, PlanOptions options, double budget_bytes) {
   const int64_t tokens = options.shape.tokens();
   const int64_t base = std::min(kBaseLossChunkTokens, tokens);
   options.loss_chunk_tokens = base;
@@ -14,6 +14,12 @@ int64_t choose_loss_chunk(const ModelConfig& model, PlanOptions options) {
     options.loss_chunk_tokens = chunk;
     if (build_step_plan(model, options).memory.arena_bytes > base_arena) break;
     chosen = chunk;
+  }
+  if (chosen < tokens && tokens <= kLargestLossChunkTokens && low_precision_linear_grads(options)) {
+    options.loss_chunk_tokens = tokens;  // one chunk: the output projection's gradient written once, in bf16
+    const double arena = static_cast<double>(build_step_plan(model, options).memory.arena_bytes);
+    if (arena <= static_cast<double>(base_arena) * (1 + kOneChunkMemoryAllowance) && (budget_bytes <= 0 || arena <= budget_bytes))
+      chosen = tokens;
   }
   return chosen;
 }

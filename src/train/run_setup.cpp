@@ -131,7 +131,8 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
       fail(ErrorKind::memory, does_not_fit_message(plan, setup.memory_budget_bytes,
                                                    changes_that_fit(setup.model, o, setup.memory_budget_bytes, cost)));
   }
-  if (config.training.loss_chunk_tokens == 0) o.loss_chunk_tokens = choose_loss_chunk(setup.model, o);
+  if (config.training.loss_chunk_tokens == 0)
+    o.loss_chunk_tokens = choose_loss_chunk(setup.model, o, setup.memory_budget_bytes);
   return setup;
 }
 
