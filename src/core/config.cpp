@@ -304,10 +304,17 @@ void validate_config(const JobConfig& config) {
     fail(ErrorKind::config, origin + ": training.linear_grad_dtype = \"bfloat16\" needs training.mixed_precision_param = "
                                 "\"bfloat16\", found \"" + training.mixed_precision_param +
                                 "\"; set both to bfloat16, or linear_grad_dtype to auto");
-  if (training.linear_grad_dtype == "bfloat16" && config.parallelism.shard_single_rank)
-    fail(ErrorKind::config, origin + ": training.linear_grad_dtype = \"bfloat16\" applies to unsharded runs, found "
-                                "parallelism.shard_single_rank = true; sharded runs choose their gradients' dtype "
-                                "with parallelism.reduce_dtype");
+  if (training.linear_grad_dtype == "bfloat16" &&
+      (config.parallelism.shard_single_rank || config.parallelism.data_parallel_shard_degree > 1 ||
+       config.parallelism.data_parallel_replicate_degree > 1))
+    fail(ErrorKind::config, origin + ": training.linear_grad_dtype = \"bfloat16\" applies to runs of one whole model "
+                                "per rank, found parallelism.shard_single_rank = " +
+                                (config.parallelism.shard_single_rank ? "true" : "false") +
+                                ", data_parallel_shard_degree = " +
+                                std::to_string(config.parallelism.data_parallel_shard_degree) +
+                                ", data_parallel_replicate_degree = " +
+                                std::to_string(config.parallelism.data_parallel_replicate_degree) +
+                                "; data-parallel runs choose their gradients' dtype with parallelism.reduce_dtype");
 }
 
 std::string config_to_json(const JobConfig& config) {

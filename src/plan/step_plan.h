@@ -102,8 +102,8 @@ struct PlanOptions {
   // and half the bytes for the gradient norm and AdamW to read. So does the output projection's
   // when the head runs in one loss chunk (loss_chunk_tokens >= tokens: written once; over several
   // chunks it is accumulated, in the master dtype). The embedding's and the norms' stay in the
-  // master dtype. Sharded plans keep every gradient in the master dtype (their reduce dtype is
-  // reduce_dtype).
+  // master dtype. Sharded and replicated plans keep every gradient in the master dtype (their
+  // reduce dtype is reduce_dtype).
   DType linear_grad_dtype = DType::f32;
 };
 
@@ -242,7 +242,8 @@ struct StepPlan {
 // in one loss chunk) bf16: grad_offset and low_grad.
 std::vector<ParameterRun> compute_copy_ranges(const ModelConfig& model, const PlanOptions& options);
 // True when the block linears' weight gradients are kept in bf16 (PlanOptions::linear_grad_dtype):
-// unsharded plans with a bf16 compute dtype that ask for it.
+// plans of one rank's whole model (neither sharded nor replicated) with a bf16 compute dtype that
+// ask for it.
 bool low_precision_linear_grads(const PlanOptions& options);
 // Gradient elements the runs place in bf16 (low) or in the master dtype.
 int64_t gradient_elements(const std::vector<ParameterRun>& ranges, bool low);

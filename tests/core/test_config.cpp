@@ -270,6 +270,9 @@ TEST(Config, ValidateChecksValuesSetInCode) {
   EXPECT_NO_THROW(validate_config(config));
   config.parallelism.shard_single_rank = true;
   expect_config_error([&] { validate_config(config); }, {"training.linear_grad_dtype", "parallelism.reduce_dtype"});
+  config.parallelism.shard_single_rank = false;
+  config.parallelism.data_parallel_replicate_degree = 2;
+  expect_config_error([&] { validate_config(config); }, {"data_parallel_replicate_degree = 2", "parallelism.reduce_dtype"});
   config = JobConfig{};
   config.parallelism.shard_single_rank = true;  // auto: f32 where sharded, no error
   EXPECT_NO_THROW(validate_config(config));

@@ -258,6 +258,10 @@ TEST(ComputeCopy, Bf16LinearGradientsArePackedApartFromTheOthers) {
   sharded.shard_single_rank = true;
   sharded.linear_grad_dtype = DType::bf16;
   EXPECT_LT(build_step_plan(model, sharded).linear_gradients, 0) << "sharded: reduce_dtype decides";
+  PlanOptions replicated = bf16_options();
+  replicated.replicate_degree = 2;
+  replicated.linear_grad_dtype = DType::bf16;
+  EXPECT_LT(build_step_plan(model, replicated).linear_gradients, 0) << "replicas all-reduce the flat layout";
 }
 
 // Optimizer: 28 bytes per parameter (read p g m v, write p m v) and 2 per copied element; the
