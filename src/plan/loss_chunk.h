@@ -16,7 +16,7 @@ constexpr int64_t kLargestLossChunkTokens = 8192;
 // One chunk for the whole step may cost this much more memory than the base chunk (a fraction of
 // its arena): with bf16 linear gradients it writes the output projection's gradient once, in bf16,
 // instead of accumulating it in f32 chunk by chunk. On the 8B proxy at batch 1 that is 0.53 GB
-// (1.1%) for 0.9-3% more tokens/s (docs/benchmarks.md, thirteenth round).
+// (1.1%) for 0.8-3% more tokens/s (docs/benchmarks.md, thirteenth round).
 constexpr double kOneChunkMemoryAllowance = 0.02;
 
 // The largest of kBaseLossChunkTokens, twice that, ... up to kLargestLossChunkTokens (and at most
