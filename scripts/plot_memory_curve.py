@@ -12,7 +12,8 @@ Screenshot it to PNG with a headless browser (docs/memory_plan.md shows the comm
 import argparse
 import html
 import json
-import os
+
+from html_page import write_page
 
 WIDTH, HEIGHT = 900, 520
 LEFT, RIGHT, TOP, BOTTOM = 80, 200, 50, 60
@@ -105,12 +106,7 @@ def main():
         table.append(f'<tr><td>{r["mode"]}</td><td>{budget}</td><td>{r["tokens_per_second"]:,.0f}</td>'
                      f'<td>{r["predicted_bytes"] / 1e9:.2f}</td><td>{r["measured_bytes"] / 1e9:.2f}</td></tr>')
     table.append("</table>")
-    page = ("<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(args.title) + "</title>"
-            "<style>body{font-family:sans-serif;margin:20px}td,th{padding:2px 10px;text-align:right}</style></head><body>"
-            + "".join(svg) + "".join(table) + "</body></html>\n")
-    with open(args.output + ".tmp", "w") as f:
-        f.write(page)
-    os.replace(args.output + ".tmp", args.output)
+    write_page(args.output, args.title, svg, table)
     print(f"plot_memory_curve: {args.output}")
 
 

@@ -22,9 +22,16 @@ std::string format_bytes(size_t bytes) {
   return text;
 }
 
+namespace {
+std::string float8_linear_summary(const StepPlan& plan);
+}  // namespace
+
 std::string plan_summary_line(const StepPlan& plan) {
   std::ostringstream out;
-  out << plan.options.policy.str() << ", " << dtype_name(plan.options.compute_dtype) << ", "
+  out << plan.options.policy.str() << ", " << dtype_name(plan.options.compute_dtype) << ", ";
+  if (plan.options.float8.recipe != Float8Recipe::none)
+    out << "float8 " << float8_recipe_name(plan.options.float8.recipe) << " (" << float8_linear_summary(plan) << "), ";
+  out
       << plan.options.shape.tokens() << " tokens/step (batch " << plan.options.shape.batch << " x seq "
       << plan.options.shape.seq_len << "), loss chunk " << plan.options.loss_chunk_tokens << ", "
       << plan.steps.size() << " steps, arena "

@@ -56,28 +56,28 @@ int64_t StepPlan::local_parameter_count() const {
   return sharded() ? ShardLayout(layout, options.shard_degree).local_total() : layout.total();  // replicas: the whole model
 }
 
-int64_t StepPlan::compute_copy_offset(const ParameterInfo& info) const {
-  if (compute_weights < 0) return -1;
-  if (compute_copy_ranges.empty()) return info.offset;  // a copy of every element
+const ParameterRun& StepPlan::run_holding(const ParameterInfo& info, const char* caller) const {
   // The run holding the parameter's first element (runs are sorted by begin).
   auto run = std::upper_bound(compute_copy_ranges.begin(), compute_copy_ranges.end(), info.offset,
                               [](int64_t offset, const ParameterRun& r) { return offset < r.begin; });
-  SMELT_CHECK(run != compute_copy_ranges.begin(), "compute_copy_offset: parameter " + info.name + " before the first run");
+  SMELT_CHECK(run != compute_copy_ranges.begin(), std::string(caller) + ": parameter " + info.name + " before the first run");
   --run;
   SMELT_CHECK(info.offset + info.numel() <= run->begin + run->count,
-              "compute_copy_offset: parameter " + info.name + " spans two copy runs");
-  return run->copied() ? run->copy_offset + (info.offset - run->begin) : -1;
+              std::string(caller) + ": parameter " + info.name + " spans two runs");
+  return *run;
+}
+
+int64_t StepPlan::compute_copy_offset(const ParameterInfo& info) const {
+  if (compute_weights < 0) return -1;
+  if (compute_copy_ranges.empty()) return info.offset;  // a copy of every element
+  const ParameterRun& run = run_holding(info, "compute_copy_offset");
+  return run.copied() ? run.copy_offset + (info.offset - run.begin) : -1;
 }
 
 StepPlan::GradientPlace StepPlan::gradient_place(const ParameterInfo& info) const {
   if (compute_copy_ranges.empty()) return {gradients, info.offset};
-  auto run = std::upper_bound(compute_copy_ranges.begin(), compute_copy_ranges.end(), info.offset,
-                              [](int64_t offset, const ParameterRun& r) { return offset < r.begin; });
-  SMELT_CHECK(run != compute_copy_ranges.begin(), "gradient_place: parameter " + info.name + " before the first run");
-  --run;
-  SMELT_CHECK(info.offset + info.numel() <= run->begin + run->count,
-              "gradient_place: parameter " + info.name + " spans two runs");
-  return {run->low_grad ? linear_gradients : gradients, run->gradient_offset() + (info.offset - run->begin)};
+  const ParameterRun& run = run_holding(info, "gradient_place");
+  return {run.low_grad ? linear_gradients : gradients, run.gradient_offset() + (info.offset - run.begin)};
 }
 
 namespace {

@@ -226,6 +226,10 @@ struct StepPlan {
   bool data_parallel() const { return sharded() || replicated(); }
   int64_t world_size() const { return options.shard_degree * options.replicate_degree; }
   bool float8_gathered() const { return float8_shards >= 0; }
+
+ private:
+  // The run of compute_copy_ranges holding parameter `info` (it must lie within one).
+  const ParameterRun& run_holding(const ParameterInfo& info, const char* caller) const;
 };
 
 // The persistent compute-dtype copy of an unsharded plan (compute dtype other than the master's)

@@ -147,8 +147,12 @@ TrainResult train(const JobConfig& config, std::ostream& log, Communicator* comm
   double interval_seconds = 0;
   int64_t interval_steps = 0;
 
+  // Every evaluation reads the same batches, the first validation.steps of the split, so the
+  // validation losses of a run (and of runs that differ in anything but the data) compare.
+  const LoaderState validation_start = dataset.validation ? dataset.validation->state() : LoaderState{};
   auto run_validation = [&]() -> double {
     if (!config.validation.enable || !dataset.validation) return -1;
+    dataset.validation->restore(validation_start);
     return validation_loss(executor, *dataset.validation, config.validation.steps, inputs, targets);
   };
   // Resume (checkpoint.load, or the newest checkpoint in the folder), then guard and checkpoint every step.

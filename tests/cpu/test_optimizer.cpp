@@ -99,6 +99,16 @@ std::vector<ParameterRun> random_runs(int64_t count, uint64_t seed, int64_t& cop
 struct AdamwState {
   Buffer params, grads, exp_avg, exp_avg_sq, sum_squares;
   std::vector<uint16_t> copy;
+  // Random parameters in [-param_range, param_range] and moments (the same for the same seed
+  // within a test), room for grad_count gradients and a compute copy of copy_count poisoned
+  // elements.
+  static AdamwState random(DType dtype, int64_t count, int64_t grad_count, int64_t copy_count, double param_range = 1.0) {
+    const Shape shape{count};
+    return AdamwState{Buffer(random_values(size_t(count), 1, -param_range, param_range), dtype, shape),
+                      Buffer(dtype, Shape{grad_count}), Buffer(random_values(size_t(count), 2, -0.1, 0.1), dtype, shape),
+                      Buffer(random_values(size_t(count), 3, 0.0, 0.01), dtype, shape), Buffer(dtype, Shape{1}),
+                      std::vector<uint16_t>(size_t(copy_count), 0xFFFF)};
+  }
   AdamwArgs args(std::span<const ParameterRun> runs) {
     AdamwArgs a;
     a.params = params.view();
@@ -125,14 +135,8 @@ TEST(Adamw, CopyRunsGiveTheSameUpdateAsOneCopyOfEverything) {
       ASSERT_GT(runs.size(), 20u);
       ASSERT_GT(copy_count, 0);
       ASSERT_LT(copy_count, count);
-      const Shape shape{count};
-      auto make = [&](int64_t copy_size) {
-        auto squares = random_values(count, 3, 0.0, 0.01);
-        return AdamwState{Buffer(random_values(count, 1), dtype, shape), Buffer(dtype, shape),
-                          Buffer(random_values(count, 2, -0.1, 0.1), dtype, shape), Buffer(squares, dtype, shape),
-                          Buffer(dtype, Shape{1}), std::vector<uint16_t>(size_t(copy_size), 0xFFFF)};
-      };
-      AdamwState whole = make(count), ranged = make(copy_count);
+      AdamwState whole = AdamwState::random(dtype, count, count, count);
+      AdamwState ranged = AdamwState::random(dtype, count, count, copy_count);
       bool clipped = false;
       for (int64_t step = 1; step <= 3; ++step) {
         const auto grads = random_values(count, 10 + uint64_t(step), -0.1, 0.1);
@@ -182,14 +186,8 @@ TEST(Adamw, AmaxSlotsHoldTheLargestUpdatedMagnitude) {
   for (const auto& run : slot_runs)
     if (run.amax_slot >= 0 && run.count > 0) ++named[size_t(run.amax_slot)];
   for (int32_t s = 0; s + 1 < slots; ++s) ASSERT_GT(named[size_t(s)], 1) << "slot " << s << " should gather several runs";
-  const Shape shape{count};
-  auto make = [&] {
-    auto squares = random_values(count, 3, 0.0, 0.01);
-    return AdamwState{Buffer(random_values(count, 1, -3.0, 3.0), DType::f32, shape), Buffer(DType::f32, shape),
-                      Buffer(random_values(count, 2, -0.1, 0.1), DType::f32, shape), Buffer(squares, DType::f32, shape),
-                      Buffer(DType::f32, Shape{1}), std::vector<uint16_t>(size_t(copy_count), 0xFFFF)};
-  };
-  AdamwState with = make(), without = make();
+  AdamwState with = AdamwState::random(DType::f32, count, count, copy_count, 3.0);
+  AdamwState without = AdamwState::random(DType::f32, count, count, copy_count, 3.0);
   for (int64_t step = 1; step <= 3; ++step) {
     const auto grads = random_values(count, 30 + uint64_t(step), -0.5, 0.5);
     for (AdamwState* state : {&with, &without}) {
@@ -236,14 +234,8 @@ TEST(Adamw, GradientsPackedInF32AndBf16GiveTheUpdateOfTheFlatGradients) {
   testing_support::assign_gradient_places(runs, 52, grad_count, low_count);
   ASSERT_GT(grad_count, 0);
   ASSERT_GT(low_count, 0);
-  const Shape shape{count};
-  auto make = [&](int64_t grad_size) {
-    auto squares = random_values(count, 3, 0.0, 0.01);
-    return AdamwState{Buffer(random_values(count, 1), DType::f32, shape), Buffer(DType::f32, Shape{grad_size}),
-                      Buffer(random_values(count, 2, -0.1, 0.1), DType::f32, shape), Buffer(squares, DType::f32, shape),
-                      Buffer(DType::f32, Shape{1}), std::vector<uint16_t>(size_t(copy_count), 0xFFFF)};
-  };
-  AdamwState flat = make(count), packed = make(grad_count);
+  AdamwState flat = AdamwState::random(DType::f32, count, count, copy_count);
+  AdamwState packed = AdamwState::random(DType::f32, count, grad_count, copy_count);
   for (int64_t step = 1; step <= 3; ++step) {
     // Every gradient bf16-representable, so that the flat f32 ones hold exactly the packed values.
     const auto grads = rounded(random_values(count, 60 + uint64_t(step), -0.3, 0.3), DType::bf16);

@@ -74,6 +74,23 @@ inline HostTensor random_ids(Shape shape, uint64_t seed, int32_t bound) {
   return tensor;
 }
 
+// AdamW's second moment: the squares of a random tensor (non-negative, never all zero).
+inline HostTensor random_second_moment(int64_t count, uint64_t seed, double scale = 0.1) {
+  HostTensor root = random_tensor(DType::f32, Shape{count}, seed, scale), squares(DType::f32, Shape{count});
+  for (int64_t i = 0; i < count; ++i) squares.set(i, root.get(i) * root.get(i));
+  return squares;
+}
+
+// The one-element f32 sum of squares of `values` (summed in double), as the gradient norm step
+// leaves it for AdamW's clipping.
+inline HostTensor sum_of_squares(const HostTensor& values) {
+  double total = 0;
+  for (int64_t i = 0; i < values.numel(); ++i) total += values.get(i) * values.get(i);
+  HostTensor sum(DType::f32, Shape{1});
+  sum.set(0, total);
+  return sum;
+}
+
 inline HostTensor nan_tensor(DType dtype, Shape shape) {
   HostTensor tensor(dtype, shape);
   for (int64_t i = 0; i < tensor.numel(); ++i) tensor.set(i, std::numeric_limits<double>::quiet_NaN());

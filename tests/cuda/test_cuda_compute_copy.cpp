@@ -26,13 +26,9 @@ TEST_F(CudaComputeCopy, AdamwOverCopyRunsEqualsTheWholeRangeBitForBit) {
     const auto runs = random_runs(count, 5, copy_count);
     ASSERT_GT(runs.size(), 2u * 192u) << "the runs must take several launches";
     HostTensor params = random_tensor(DType::f32, Shape{count}, 70), grads = random_tensor(DType::f32, Shape{count}, 71);
-    HostTensor exp_avg = random_tensor(DType::f32, Shape{count}, 72, 0.1), exp_avg_sq(DType::f32, Shape{count});
-    HostTensor seed_sq = random_tensor(DType::f32, Shape{count}, 73, 0.1);
-    for (int64_t i = 0; i < count; ++i) exp_avg_sq.set(i, seed_sq.get(i) * seed_sq.get(i));
-    HostTensor sum_squares(DType::f32, Shape{1});
-    double total = 0;
-    for (int64_t i = 0; i < count; ++i) total += grads.get(i) * grads.get(i);
-    sum_squares.set(0, total);
+    HostTensor exp_avg = random_tensor(DType::f32, Shape{count}, 72, 0.1), exp_avg_sq = random_second_moment(count, 73);
+    const HostTensor sum_squares = sum_of_squares(grads);
+    const double total = sum_squares.get(0);
     if (max_norm > 0) {
       ASSERT_GT(std::sqrt(total), max_norm) << "the clipping case must clip";
     }
@@ -99,13 +95,9 @@ TEST_F(CudaComputeCopy, AdamwOverPackedF32AndBf16GradientsEqualsTheFlatGradients
   for (int64_t i = 0; i < low_count; ++i) low.set(i, std::nan(""));
   for (const auto& run : runs)
     for (int64_t i = 0; i < run.count; ++i) (run.low_grad ? low : packed).set(run.grad_offset + i, grads.get(run.begin + i));
-  HostTensor exp_avg = random_tensor(DType::f32, Shape{count}, 82, 0.1), exp_avg_sq(DType::f32, Shape{count});
-  HostTensor seed_sq = random_tensor(DType::f32, Shape{count}, 83, 0.1);
-  for (int64_t i = 0; i < count; ++i) exp_avg_sq.set(i, seed_sq.get(i) * seed_sq.get(i));
-  HostTensor sum_squares(DType::f32, Shape{1});
-  double total = 0;
-  for (int64_t i = 0; i < count; ++i) total += grads.get(i) * grads.get(i);
-  sum_squares.set(0, total);
+  HostTensor exp_avg = random_tensor(DType::f32, Shape{count}, 82, 0.1), exp_avg_sq = random_second_moment(count, 83);
+  const HostTensor sum_squares = sum_of_squares(grads);
+  const double total = sum_squares.get(0);
   ASSERT_GT(std::sqrt(total), 1.0) << "the update must clip";
   std::vector<ParameterRun> flat_runs = runs;
   for (auto& run : flat_runs) run.low_grad = false, run.grad_offset = -1;
@@ -176,9 +168,7 @@ TEST_F(CudaComputeCopy, AdamwAmaxSlotsMatchCpuBitForBit) {
   testing_support::assign_amax_slots(runs, slots, 10);
   ASSERT_GT(runs.size(), 2u * 192u) << "the runs must take several launches";
   HostTensor params = random_tensor(DType::f32, Shape{count}, 80, 2.0), grads = random_tensor(DType::f32, Shape{count}, 81);
-  HostTensor exp_avg = random_tensor(DType::f32, Shape{count}, 82, 0.1), exp_avg_sq(DType::f32, Shape{count});
-  HostTensor seed_sq = random_tensor(DType::f32, Shape{count}, 83, 0.1);
-  for (int64_t i = 0; i < count; ++i) exp_avg_sq.set(i, seed_sq.get(i) * seed_sq.get(i));
+  HostTensor exp_avg = random_tensor(DType::f32, Shape{count}, 82, 0.1), exp_avg_sq = random_second_moment(count, 83);
   HostTensor sum_squares(DType::f32, Shape{1});
   sum_squares.set(0, 4.0);
   HostTensor copy(DType::bf16, Shape{copy_count}), amax(DType::f32, Shape{slots});

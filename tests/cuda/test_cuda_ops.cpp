@@ -268,13 +268,8 @@ TEST_F(CudaOps, AdamwMatchesCpuWithAndWithoutClipping) {
   const int64_t count = 50000;
   for (float max_norm : {0.0f, 1.0f}) {
     HostTensor params = random_tensor(DType::f32, Shape{count}, 60), grads = random_tensor(DType::f32, Shape{count}, 61);
-    HostTensor exp_avg = random_tensor(DType::f32, Shape{count}, 62, 0.1), exp_avg_sq(DType::f32, Shape{count});
-    HostTensor seed_sq = random_tensor(DType::f32, Shape{count}, 63, 0.1);
-    for (int64_t i = 0; i < count; ++i) exp_avg_sq.set(i, seed_sq.get(i) * seed_sq.get(i));
-    HostTensor sum_squares(DType::f32, Shape{1});
-    double total = 0;
-    for (int64_t i = 0; i < count; ++i) total += grads.get(i) * grads.get(i);
-    sum_squares.set(0, total);
+    HostTensor exp_avg = random_tensor(DType::f32, Shape{count}, 62, 0.1), exp_avg_sq = random_second_moment(count, 63);
+    const HostTensor sum_squares = sum_of_squares(grads);
     TensorView d_params = upload(params), d_grads = upload(grads), d_m = upload(exp_avg), d_v = upload(exp_avg_sq);
     AdamwArgs args{params.view, grads.view, exp_avg.view, exp_avg_sq.view, sum_squares.view};
     args.lr = 3e-3f;

@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "model/fp8_linear.h"
 #include "plan/plan_report.h"
 #include "plan/step_plan.h"
 
@@ -153,6 +154,32 @@ TEST(StepPlan, EveryPresetPlansWithoutAllocating) {
     StepPlan plan = build_step_plan(model, options("selective-op", 1, 2048));
     EXPECT_GT(plan.memory.arena_bytes, static_cast<size_t>(model.total_parameters()) * 16) << flavor;
     EXPECT_FALSE(format_plan(plan, true).empty());
+  }
+}
+
+// The summary line the trainer and `smelt bench` print names the float8 recipe and how many block
+// linears it covers, counted here from the filter; a bf16 plan's line names no recipe.
+TEST(StepPlan, SummaryLineNamesTheFloat8RecipeAndItsLinears) {
+  const ModelConfig model = eight_billion(3);
+  PlanOptions o = options("selective-op", 1, 1024);
+  EXPECT_EQ(plan_summary_line(build_step_plan(model, o)).find("float8"), std::string::npos);
+  for (Float8Recipe recipe : {Float8Recipe::tensorwise, Float8Recipe::rowwise}) {
+    o.float8.recipe = recipe;
+    o.float8.filter_fqns = {"output", "w2", "layers.1.attention.wq"};
+    int64_t float8 = 0, linears = 0;
+    for (int64_t layer = 0; layer < model.n_layers; ++layer)
+      for (int w = 0; w < kLayerWeightCount; ++w) {
+        const auto weight = static_cast<LayerWeight>(w);
+        if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm) continue;
+        ++linears;
+        float8 += float8_linear_enabled(o.float8, model, layer, weight);
+      }
+    ASSERT_EQ(linears, 21);
+    ASSERT_EQ(float8, 21 - 3 - 1);
+    const std::string line = plan_summary_line(build_step_plan(model, o));
+    const std::string want = "float8 " + std::string(float8_recipe_name(recipe)) + " (" + std::to_string(float8) + " of " +
+                             std::to_string(linears) + " block linears in float8; block 0 keeps " + std::string(layer_weight_name(LayerWeight::w2)) + " in bf16)";
+    EXPECT_NE(line.find(want), std::string::npos) << line;
   }
 }
 

@@ -88,6 +88,41 @@ TEST(Training, DebugModelLearnsRealTextWithinTwoHundredSteps) {
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 50, 100, 150, 200}));
 }
 
+// Each evaluation reads the first validation.steps batches of the split: with the weights held
+// (lr 0), every validation loss of the run is the one before training, bit for bit. A loader that
+// went on through the split would read other batches at each evaluation (the split holds dozens).
+TEST(Training, EveryValidationReadsTheSameBatches) {
+  const testing_support::TemporaryFolder temporary;
+  const fs::path folder = temporary.path();
+  write_corpus(folder / "data");
+  JobConfig config;
+  config.job.name = "validation";
+  config.job.dump_folder = (folder / "runs").string();
+  config.training.dataset_path = (folder / "data").string();
+  config.training.local_batch_size = 2;
+  config.training.seq_len = 64;
+  config.training.steps = 6;
+  config.optimizer.lr = 0;
+  config.metrics.log_freq = 2;
+  config.validation.enable = true;
+  config.validation.freq = 2;
+  config.validation.steps = 2;
+  std::ostringstream log;
+  TrainResult result = train(config, log);
+  ASSERT_GT(result.first_validation_loss, 0) << log.str();
+  std::ifstream metrics(folder / "runs" / "validation" / "metrics.jsonl");
+  std::string line;
+  std::vector<double> losses;
+  while (std::getline(metrics, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("validation_loss")) losses.push_back(j["validation_loss"].get<double>());
+  }
+  ASSERT_EQ(losses.size(), 3u) << log.str();
+  for (double loss : losses) EXPECT_EQ(loss, result.first_validation_loss) << log.str();
+  // The training batches differ from step to step, so the held weights see different losses.
+  EXPECT_NE(result.losses[0], result.losses[5]);
+}
+
 TEST(LrSchedule, WarmupThenLinearAndCosineDecay) {
   LrSchedule s;
   s.lr = 1.0;
