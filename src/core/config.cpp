@@ -300,6 +300,18 @@ void validate_config(const JobConfig& config) {
                                 ") must be a multiple of model.n_heads, found n_heads = " +
                                 std::to_string(model.n_heads) + "; pick n_heads dividing dim");
   const TrainingSection& training = config.training;
+  if (training.output_weight_copy == "persistent" && training.mixed_precision_param != "bfloat16")
+    fail(ErrorKind::config, origin + ": training.output_weight_copy = \"persistent\" keeps a bfloat16 copy, which needs "
+                                "training.mixed_precision_param = \"bfloat16\", found \"" + training.mixed_precision_param +
+                                "\"; set output_weight_copy to auto");
+  if (training.output_weight_copy == "persistent" &&
+      (config.parallelism.shard_single_rank || config.parallelism.data_parallel_shard_degree > 1))
+    fail(ErrorKind::config, origin + ": training.output_weight_copy = \"persistent\" applies to unsharded runs (sharded "
+                                "ones gather the output projection in bfloat16 at each use), found "
+                                "parallelism.shard_single_rank = " + (config.parallelism.shard_single_rank ? "true" : "false") +
+                                ", data_parallel_shard_degree = " +
+                                std::to_string(config.parallelism.data_parallel_shard_degree) +
+                                "; set output_weight_copy to auto");
   if (training.linear_grad_dtype == "bfloat16" && training.mixed_precision_param != "bfloat16")
     fail(ErrorKind::config, origin + ": training.linear_grad_dtype = \"bfloat16\" needs training.mixed_precision_param = "
                                 "\"bfloat16\", found \"" + training.mixed_precision_param +

@@ -43,6 +43,7 @@ struct TrainingSection {
   std::string mixed_precision_param = "float32";  // activation / compute-weight dtype: float32 or bfloat16
   std::string linear_grad_dtype = "auto";  // block linears' weight gradients: auto, float32 or bfloat16
   int64_t loss_chunk_tokens = 0;         // rows of the output projection computed at once; 0: the planner's choice
+  std::string output_weight_copy = "auto";  // the output projection's bf16 copy: auto, persistent or per_step
   bool cuda_graph = true;                // CUDA: capture the step once and replay it
   bool gemm_autotune = false;            // CUDA: time cuBLASLt's candidates per GEMM shape, keep the fastest
   std::string on_nonfinite = "skip";     // non-finite loss or gradient norm: "skip" the update or "stop"

@@ -175,6 +175,13 @@ std::vector<ConfigField> config_schema() {
            "when mixed_precision_param is bfloat16 and the run is not data parallel (FSDP and replicas "
            "reduce in parallelism.reduce_dtype), float32 otherwise",
            one_of({"auto", "float32", "bfloat16"})),
+      bind("training", "output_weight_copy", &C::training, &TrainingSection::output_weight_copy,
+           "the output projection's bfloat16 copy (runs of one whole model per rank with mixed_precision_param "
+           "bfloat16): persistent (written by the optimizer with the other weights' copies, held across the "
+           "step), per_step (cast from the float32 master by the output head, held only there: one more pass "
+           "over the master per step), auto (default): persistent where that raises no peak, i.e. where the "
+           "output head is the step's peak",
+           one_of({"auto", "persistent", "per_step"})),
       bind("training", "loss_chunk_tokens", &C::training, &TrainingSection::loss_chunk_tokens,
            "rows of the output projection computed at once: each doubling adds a chunk of bf16 logits "
            "(V x chunk) and halves the passes over the output projection's f32 gradient; 0 (default): "

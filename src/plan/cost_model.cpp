@@ -253,7 +253,7 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
               chunks * 3 * vocabulary * static_cast<double>(m.dim) * width;
       launches = chunks * 4;
       const bool sharded = o.shard_degree > 1 || o.shard_single_rank;
-      if (!sharded && o.compute_dtype != master_dtype(o.compute_dtype))  // unsharded: its compute copy, cast first
+      if (!sharded && o.compute_dtype != master_dtype(o.compute_dtype) && !o.persistent_output_copy)  // cast first
         bytes += vocabulary * static_cast<double>(m.dim) * (4 + width), launches += 1;
       break;
     }

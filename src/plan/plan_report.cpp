@@ -168,11 +168,14 @@ std::string compute_copy_summary(const StepPlan& plan) {
     for (const auto& range : plan.compute_copy_ranges)
       if (!range.copied()) master_read += range.count;
     out << (plan.float8_weights >= 0 ? " (norms and the linears not in float8" : " (norms and linears")
-        << ", written by the optimizer); " << master_read
-        << " elements read from the fp32 master (the embedding"
-        << (plan.float8_weights >= 0 ? ", the float8 linears, quantised after the optimizer," : ",")
-        << " and the output projection, cast into a " << format_bytes(plan.buffers[size_t(plan.output_weight)].request.bytes)
-        << " buffer live only during the output head)";
+        << (plan.output_weight >= 0 ? "" : ", and the output projection")
+        << ", written by the optimizer); " << master_read << " elements read from the fp32 master (the embedding";
+    if (plan.output_weight >= 0)
+      out << (plan.float8_weights >= 0 ? ", the float8 linears, quantised after the optimizer," : ",")
+          << " and the output projection, cast into a " << format_bytes(plan.buffers[size_t(plan.output_weight)].request.bytes)
+          << " buffer live only during the output head)";
+    else
+      out << (plan.float8_weights >= 0 ? " and the float8 linears, quantised after the optimizer)" : ")");
   }
   return out.str();
 }

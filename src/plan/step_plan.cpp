@@ -124,8 +124,9 @@ std::vector<ParameterRun> compute_copy_ranges(const ModelConfig& model, const Pl
   std::vector<ParameterRun> ranges;
   int64_t copy_total = 0, grad_total = 0, low_grad_total = 0;
   for (size_t index = 0; index < parameters.size(); ++index) {
-    // The embedding (index 0) and the output projection (last) have none; the final norm keeps its.
-    bool keep = index != 0 && index + 1 != parameters.size();
+    // The embedding (index 0) has none, the output projection (last) one when it is persistent; the
+    // final norm keeps its.
+    bool keep = index != 0 && (index + 1 != parameters.size() || options.persistent_output_copy);
     const int64_t block_index = static_cast<int64_t>(index) - 1;
     int32_t slot = -1;
     bool low = false;
@@ -422,7 +423,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
                          BufferClass::loss);
   plan.grad_logits = plan.logits;
   plan.losses = b.buffer("per-token losses", statistics, Shape{tokens}, BufferClass::loss);
-  if (!plan.compute_copy_ranges.empty())  // cast from the master by the output head, live only there
+  if (!plan.compute_copy_ranges.empty() && !plan.compute_copy_ranges.back().copied())  // cast by the head, live only there
     plan.output_weight = b.buffer("output.weight (" + std::string(dtype_name(compute)) + ", cast for the output head)",
                                   compute, Shape{model.vocab_size, model.dim}, BufferClass::compute_weights);
 

@@ -105,6 +105,12 @@ struct PlanOptions {
   // master dtype. Sharded and replicated plans keep every gradient in the master dtype (their
   // reduce dtype is reduce_dtype).
   DType linear_grad_dtype = DType::f32;
+  // Unsharded plans with a compute copy: the output projection's compute-dtype copy is persistent,
+  // written by AdamW with the others, instead of cast from the master by the output head at each
+  // step into a buffer live only there. The persistent copy saves the cast's pass over the master
+  // (4 + 2 bytes per element against AdamW's 2) but holds its bytes across the whole step; it
+  // costs no memory where the output head is the peak (choose_output_copy).
+  bool persistent_output_copy = false;
 };
 
 struct PlannedBuffer {
@@ -235,8 +241,9 @@ struct StepPlan {
 // The persistent compute-dtype copy of an unsharded plan (compute dtype other than the master's)
 // holds only what a compute-dtype GEMM or op reads across the step: the norms and the linears that
 // run in the compute dtype. The embedding (its forward rounds the master rows it gathers), the
-// float8 linears (quantised from the master) and the output projection (cast from the master into
-// StepPlan::output_weight by the output-head step, which alone reads it) have none. Returns the runs of the
+// float8 linears (quantised from the master) and, unless PlanOptions::persistent_output_copy, the
+// output projection (cast from the master into StepPlan::output_weight by the output-head step,
+// which alone reads it) have none. Returns the runs of the
 // flat parameter range [0, ParameterLayout::total()) with and without a copy, in order, each
 // copied run packed after the previous one (64-element aligned, like the flat layout); empty when
 // the plan has no compute copy, or is sharded (its copy covers every element of the shard). With

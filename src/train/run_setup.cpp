@@ -10,6 +10,7 @@
 #include "ops/cuda_workspace.h"
 #include "plan/auto_policy.h"
 #include "plan/loss_chunk.h"
+#include "plan/output_copy.h"
 
 namespace smelt {
 
@@ -133,6 +134,10 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   }
   if (config.training.loss_chunk_tokens == 0)
     o.loss_chunk_tokens = choose_loss_chunk(setup.model, o, setup.memory_budget_bytes);
+  // After the chunk: the head's buffers decide whether it is the peak.
+  const std::string& output_copy = config.training.output_weight_copy;
+  o.persistent_output_copy = output_copy == "persistent" ||
+                             (output_copy == "auto" && choose_persistent_output_copy(setup.model, o));
   return setup;
 }
 

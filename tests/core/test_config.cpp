@@ -276,6 +276,17 @@ TEST(Config, ValidateChecksValuesSetInCode) {
   config = JobConfig{};
   config.parallelism.shard_single_rank = true;  // auto: f32 where sharded, no error
   EXPECT_NO_THROW(validate_config(config));
+  config = JobConfig{};
+  config.training.output_weight_copy = "always";
+  expect_config_error([&] { validate_config(config); }, {"training.output_weight_copy", "per_step"});
+  config.training.output_weight_copy = "persistent";  // a bf16 copy of f32 compute: refused
+  expect_config_error([&] { validate_config(config); }, {"training.output_weight_copy", "training.mixed_precision_param"});
+  config.training.mixed_precision_param = "bfloat16";
+  EXPECT_NO_THROW(validate_config(config));
+  config.parallelism.data_parallel_shard_degree = 4;
+  expect_config_error([&] { validate_config(config); }, {"training.output_weight_copy", "data_parallel_shard_degree = 4"});
+  config.training.output_weight_copy = "auto";
+  EXPECT_NO_THROW(validate_config(config));
 }
 
 TEST(Config, KeysAndJsonCoverEverySection) {

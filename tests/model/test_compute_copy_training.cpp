@@ -1,6 +1,7 @@
 // Training with the smaller compute copy (no bf16 copy of the embedding or of float8 linears; the
 // output projection's cast per step by the output head) against the same plan widened back to a
-// persistent bf16 copy of every parameter, as plans were before:
+// persistent bf16 copy of every parameter, as plans were before, and against the plan whose
+// output projection's copy is persistent (PlanOptions::persistent_output_copy, written by AdamW):
 // bf16 and float8 runs give the same losses, gradient norms, weights and optimizer state, bit
 // for bit; and the copy always holds the rounded master weights of the parameters that have one.
 #include <gtest/gtest.h>
@@ -56,44 +57,57 @@ void expect_copy_is_the_rounded_master(TinyRun& run, const std::string& when) {
   EXPECT_EQ(checked > 0, true) << when;
 }
 
-Trajectory train(Float8Recipe recipe, bool widened) {
+enum class Copy { smaller, persistent_output, widened };
+
+Trajectory train(Float8Recipe recipe, Copy copy) {
   TinyRun run(tiny_model(2), DType::bf16, "selective-op", 2, 8);
   if (recipe != Float8Recipe::none) use_float8(run, recipe);
-  if (widened) widen_compute_copy(run);
+  if (copy == Copy::persistent_output) {
+    PlanOptions options = run.plan.options;
+    options.persistent_output_copy = true;
+    run.replan(options);
+    EXPECT_LT(run.plan.output_weight, 0) << "no per-step buffer";
+    EXPECT_GE(run.plan.compute_copy_offset(run.executor->layout().output()), 0) << "the output in the copy";
+  }
+  if (copy == Copy::widened) widen_compute_copy(run);
   run.initialise(21);
-  if (!widened) expect_copy_is_the_rounded_master(run, "after the load");
+  if (copy != Copy::widened) expect_copy_is_the_rounded_master(run, "after the load");
   OptimizerSettings optimizer;
   optimizer.lr = 2e-2f;
   optimizer.weight_decay = 0.1f;
   optimizer.max_norm = 0.5f;  // clipping active: the norms below are larger
   Trajectory t = testing::train_steps(run, optimizer, 6, 100);
-  if (!widened) expect_copy_is_the_rounded_master(run, "after six steps");
+  if (copy != Copy::widened) expect_copy_is_the_rounded_master(run, "after six steps");
   return t;
 }
 
 void expect_same_training(Float8Recipe recipe) {
-  SCOPED_TRACE(std::string(float8_recipe_name(recipe)));
-  const Trajectory smaller = train(recipe, false), full = train(recipe, true);
-  ASSERT_EQ(smaller.losses.size(), full.losses.size());
-  for (size_t i = 0; i < smaller.losses.size(); ++i) {
-    EXPECT_EQ(smaller.losses[i], full.losses[i]) << "loss of step " << i + 1;
-    EXPECT_EQ(smaller.norms[i], full.norms[i]) << "gradient norm of step " << i + 1;
-  }
+  const Trajectory smaller = train(recipe, Copy::smaller);
   EXPECT_GT(smaller.norms.front(), 0.5) << "the clipping the test means to cover never happened";
   EXPECT_NE(smaller.losses.front(), smaller.losses.back()) << "training changed nothing; the test would prove nothing";
-  EXPECT_EQ(0, std::memcmp(smaller.parameters.data(), full.parameters.data(), smaller.parameters.size() * sizeof(float)))
-      << "master weights";
-  EXPECT_EQ(0, std::memcmp(smaller.exp_avg.data(), full.exp_avg.data(), smaller.exp_avg.size() * sizeof(float)))
-      << "exp_avg";
-  EXPECT_EQ(0, std::memcmp(smaller.exp_avg_sq.data(), full.exp_avg_sq.data(), smaller.exp_avg_sq.size() * sizeof(float)))
-      << "exp_avg_sq";
+  for (Copy copy : {Copy::widened, Copy::persistent_output}) {
+    SCOPED_TRACE(std::string(float8_recipe_name(recipe)) +
+                 (copy == Copy::widened ? ", every parameter copied" : ", persistent output copy"));
+    const Trajectory full = train(recipe, copy);
+    ASSERT_EQ(smaller.losses.size(), full.losses.size());
+    for (size_t i = 0; i < smaller.losses.size(); ++i) {
+      EXPECT_EQ(smaller.losses[i], full.losses[i]) << "loss of step " << i + 1;
+      EXPECT_EQ(smaller.norms[i], full.norms[i]) << "gradient norm of step " << i + 1;
+    }
+    EXPECT_EQ(0, std::memcmp(smaller.parameters.data(), full.parameters.data(), smaller.parameters.size() * sizeof(float)))
+        << "master weights";
+    EXPECT_EQ(0, std::memcmp(smaller.exp_avg.data(), full.exp_avg.data(), smaller.exp_avg.size() * sizeof(float)))
+        << "exp_avg";
+    EXPECT_EQ(0, std::memcmp(smaller.exp_avg_sq.data(), full.exp_avg_sq.data(), smaller.exp_avg_sq.size() * sizeof(float)))
+        << "exp_avg_sq";
+  }
 }
 
-TEST(ComputeCopyTraining, Bf16RunEqualsTheFullCopy) { expect_same_training(Float8Recipe::none); }
+TEST(ComputeCopyTraining, Bf16RunEqualsTheWiderCopies) { expect_same_training(Float8Recipe::none); }
 
-TEST(ComputeCopyTraining, Float8TensorwiseRunEqualsTheFullCopy) { expect_same_training(Float8Recipe::tensorwise); }
+TEST(ComputeCopyTraining, Float8TensorwiseRunEqualsTheWiderCopies) { expect_same_training(Float8Recipe::tensorwise); }
 
-TEST(ComputeCopyTraining, Float8RowwiseRunEqualsTheFullCopy) { expect_same_training(Float8Recipe::rowwise); }
+TEST(ComputeCopyTraining, Float8RowwiseRunEqualsTheWiderCopies) { expect_same_training(Float8Recipe::rowwise); }
 
 // The smaller copy really is smaller: no embedding, no float8 linears.
 TEST(ComputeCopyTraining, CopySkipsTheEmbeddingAndFloat8Linears) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "plan/cost_model.h"
+#include "plan/output_copy.h"
 #include "plan/step_plan.h"
 
 namespace smelt {
@@ -38,12 +39,12 @@ PlanOptions bf16_options(Float8Recipe recipe = Float8Recipe::none, std::vector<s
 int64_t padded(int64_t elements) { return (elements + 63) / 64 * 64; }
 
 // Which parameters must have a copy under `o`: everything but the embedding and the output
-// projection (cast per step), less the float8 linears.
+// projection (cast per step, unless its copy is persistent), less the float8 linears.
 bool expected_copy(const ModelConfig& model, const PlanOptions& o, size_t index) {
   if (index == 0) return false;
   const int64_t block = static_cast<int64_t>(index) - 1;
   if (block == model.n_layers * kLayerWeightCount) return true;  // final norm
-  if (block > model.n_layers * kLayerWeightCount) return false;  // output
+  if (block > model.n_layers * kLayerWeightCount) return o.persistent_output_copy;  // output
   const auto weight = static_cast<LayerWeight>(block % kLayerWeightCount);
   if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm) return true;
   return o.float8.recipe == Float8Recipe::none ||
@@ -109,7 +110,8 @@ void expect_copy_holds_exactly(const PlanOptions& o, const std::string& what) {
   }
   EXPECT_EQ(next, layout.total());
   if (slots) {
-    EXPECT_EQ(slotted, skipped - 2) << "every float8 linear (all but the embedding and the output) has a slot";
+    const int64_t others = o.persistent_output_copy ? 1 : 2;  // the embedding, and the output unless copied
+    EXPECT_EQ(slotted, skipped - others) << "every float8 linear (all skipped but the embedding and the output) has a slot";
   }
 }
 
@@ -303,6 +305,65 @@ TEST(ComputeCopy, CostModelCountsTheCopyAndTheMasterCast) {
   bf16_sharded.shard_single_rank = true;
   const double head = seconds(StepKind::output_head, bf16) - seconds(StepKind::output_head, bf16_sharded);
   EXPECT_NEAR(head, expected(6.0 * double(layout.output().numel()), 1), 1e-9);
+  // A persistent output copy: no cast in the head; AdamW writes its 2 bytes per element instead.
+  PlanOptions persistent = bf16;
+  persistent.persistent_output_copy = true;
+  EXPECT_NEAR(seconds(StepKind::output_head, persistent), seconds(StepKind::output_head, bf16_sharded), 1e-12);
+  EXPECT_NEAR(seconds(StepKind::optimizer, persistent) - seconds(StepKind::optimizer, bf16),
+              expected(2.0 * double(layout.output().numel()), 0), 1e-12);
+}
+
+// PlanOptions::persistent_output_copy: the output projection joins the copy AdamW writes (after
+// the final norm's), the head's per-step buffer is gone, and the copy holds exactly the expected
+// parameters, with float8 linears too. choose_persistent_output_copy takes it exactly where the
+// arena does not grow: the 8B proxy at batch 1, whose peak is the output head, and not a model
+// whose head is small beside its activations.
+TEST(ComputeCopy, PersistentOutputCopyIsWrittenByTheOptimizer) {
+  for (Float8Recipe recipe : {Float8Recipe::none, Float8Recipe::tensorwise}) {
+    PlanOptions o = bf16_options(recipe);
+    const StepPlan per_step = build_step_plan(small_model(3), o);
+    o.persistent_output_copy = true;
+    expect_copy_holds_exactly(o, std::string(float8_recipe_name(recipe)) + ", persistent output copy");
+    const StepPlan persistent = build_step_plan(small_model(3), o);
+    EXPECT_GE(per_step.output_weight, 0);
+    EXPECT_LT(persistent.output_weight, 0);
+    const ParameterLayout layout(persistent.model);
+    const int64_t output = layout.output().numel();
+    EXPECT_EQ(persistent.buffers[size_t(persistent.compute_weights)].shape.numel(),
+              per_step.buffers[size_t(per_step.compute_weights)].shape.numel() + padded(output));
+    EXPECT_EQ(persistent.compute_copy_offset(layout.output()),
+              persistent.compute_copy_offset(layout.final_norm()) + padded(layout.final_norm().numel()));
+  }
+
+  auto arenas = [](const ModelConfig& model, PlanOptions o) {
+    o.persistent_output_copy = false;
+    const size_t per_step = build_step_plan(model, o).memory.arena_bytes;
+    o.persistent_output_copy = true;
+    return std::make_pair(per_step, build_step_plan(model, o).memory.arena_bytes);
+  };
+  ModelSection proxy_section;
+  proxy_section.flavor = "llama3_8b";
+  proxy_section.n_layers = 8;
+  const ModelConfig proxy = make_model_config(proxy_section, 0);
+  PlanOptions proxy_options = bf16_options();
+  proxy_options.shape = {1, 8192};
+  proxy_options.loss_chunk_tokens = 8192;
+  proxy_options.linear_grad_dtype = DType::bf16;
+  const auto [proxy_per_step, proxy_persistent] = arenas(proxy, proxy_options);
+  EXPECT_EQ(proxy_persistent, proxy_per_step);
+  EXPECT_TRUE(choose_persistent_output_copy(proxy, proxy_options));
+
+  ModelConfig deep = small_model(6);  // 6 blocks of 2 x 2048 tokens, AC none: activations peak
+  PlanOptions deep_options = bf16_options();
+  deep_options.shape = {2, 2048};
+  deep_options.policy = parse_checkpoint_policy("none");
+  const auto [deep_per_step, deep_persistent] = arenas(deep, deep_options);
+  EXPECT_GT(deep_persistent, deep_per_step);
+  EXPECT_FALSE(choose_persistent_output_copy(deep, deep_options));
+
+  PlanOptions f32 = bf16_options();  // no compute copy: nothing to keep
+  f32.compute_dtype = DType::f32;
+  EXPECT_FALSE(choose_persistent_output_copy(small_model(3), f32));
 }
 
 }  // namespace
