@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "model/model_config.h"
+#include "support/fresh_random.h"
 #include "support/temporary_folder.h"
 #include "train/checkpoint.h"
 
@@ -54,7 +55,7 @@ std::string read_text(const std::string& path) {
 TEST(CheckpointKill, ResumesFromTheNewestCompleteCheckpointAfterEveryKill) {
   TemporaryFolder folder;
   std::string text;
-  std::mt19937 words(3);
+  std::mt19937 words(static_cast<uint32_t>(testing_support::fresh(3)));
   const char* vocabulary[] = {"alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"};
   for (int i = 0; i < 20000; ++i) text += std::string(vocabulary[words() % 8]) + " ";
   folder.write("data/corpus.txt", text);
@@ -65,7 +66,7 @@ TEST(CheckpointKill, ResumesFromTheNewestCompleteCheckpointAfterEveryKill) {
       "--checkpoint.enable=true", "--checkpoint.interval=1", "--checkpoint.keep_latest_k=2"};
   const std::string checkpoints = folder.path("runs/killed/checkpoint");
 
-  std::mt19937 random(20240607);
+  std::mt19937 random(static_cast<uint32_t>(testing_support::fresh(20240607)));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(40);
   int64_t newest_step = 0;
   int kills = 0;

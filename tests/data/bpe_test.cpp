@@ -10,6 +10,7 @@
 #include "data/pretokenize.h"
 #include "data/tiktoken_file.h"
 #include "data/tokenizer.h"
+#include "support/fresh_random.h"
 #include "support/temporary_folder.h"
 
 namespace smelt {
@@ -109,7 +110,7 @@ TEST_F(TrainedTokenizer, HasTheRequestedVocabularyAndCompresses) {
   EXPECT_EQ(tokenizer->vocab_size(), 1024);
   EXPECT_EQ(tokenizer->bos_id(), 768);
   EXPECT_EQ(tokenizer->eos_id(), 769);
-  std::mt19937 random(5);
+  std::mt19937 random(static_cast<uint32_t>(testing_support::fresh(5)));
   const std::string text = english_like(random, 20000);
   const auto ids = tokenizer->encode(text);
   EXPECT_LT(ids.size(), text.size() / 3) << "a trained vocabulary should merge common words";
@@ -119,7 +120,7 @@ TEST_F(TrainedTokenizer, HasTheRequestedVocabularyAndCompresses) {
 
 TEST_F(TrainedTokenizer, RoundTripsRandomValidUtf8) {
   auto tokenizer = load_tokenizer(folder_->path("trained.model"));
-  std::mt19937 random(77);
+  std::mt19937 random(static_cast<uint32_t>(testing_support::fresh(77)));
   for (int trial = 0; trial < 200; ++trial) {
     const std::string text = random_utf8(random, 1 + random() % 300);
     const auto ids = tokenizer->encode(text);

@@ -10,6 +10,7 @@
 #include "data/loader.h"
 #include "data/prepare.h"
 #include "data/token_shard.h"
+#include "support/fresh_random.h"
 #include "support/temporary_folder.h"
 
 namespace smelt {
@@ -144,7 +145,7 @@ std::string random_text(std::mt19937& random, size_t bytes) {
 
 TEST(OpenDataset, TextFolderIsTokenizedSplitAndCached) {
   TemporaryFolder folder;
-  std::mt19937 random(7);
+  std::mt19937 random(static_cast<uint32_t>(testing_support::fresh(7)));
   for (int d = 0; d < 20; ++d) folder.write("corpus/" + std::to_string(1000 + d) + ".txt", random_text(random, 3000));
   folder.write("corpus/notes.jsonl", "{\"text\": \"first\"}\n\n{\"text\": \"second one\"}\n");
   ByteTokenizer tokenizer;
@@ -193,7 +194,7 @@ TEST(OpenDataset, RepositoryDocsTrainWithTheByteTokenizer) {
 
 TEST(OpenDataset, PreparedShardsOpenAndVocabularyIsChecked) {
   TemporaryFolder folder;
-  std::mt19937 random(3);
+  std::mt19937 random(static_cast<uint32_t>(testing_support::fresh(3)));
   folder.write("in/a.txt", random_text(random, 5000));
   folder.write("in/b.txt", random_text(random, 5000));
   folder.write("in/c.txt", random_text(random, 1000));
@@ -223,7 +224,7 @@ TEST(OpenDataset, PreparedShardsOpenAndVocabularyIsChecked) {
 
 TEST(ByteTokenizer, RoundTripsRandomBytes) {
   ByteTokenizer tokenizer;
-  std::mt19937 random(99);
+  std::mt19937 random(static_cast<uint32_t>(testing_support::fresh(99)));
   std::string bytes(4096, '\0');
   for (auto& c : bytes) c = static_cast<char>(random());
   const auto ids = tokenizer.encode(bytes);

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "data/token_shard.h"
+#include "support/fresh_random.h"
 #include "support/temporary_folder.h"
 
 namespace smelt {
@@ -15,7 +16,7 @@ namespace {
 using testing_support::TemporaryFolder;
 
 std::vector<int32_t> random_ids(size_t count, int64_t vocab, uint32_t seed) {
-  std::mt19937 random(seed);
+  std::mt19937 random(static_cast<uint32_t>(testing_support::fresh(seed)));
   std::vector<int32_t> ids(count);
   for (auto& id : ids) id = static_cast<int32_t>(random() % static_cast<uint64_t>(vocab));
   return ids;

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "data/tokenizer.h"
+#include "support/fresh_random.h"
 
 namespace smelt {
 namespace {
@@ -87,7 +88,7 @@ std::vector<std::string> random_strings(int count) {
       "!", "?!", " ...", "—", "–", "(", ")", "{", "}", "\"", "'", "`", "@", "#", "$", "€", "£", "¥", "é", "ü", "ß",
       "ñ", "Ω", "ж", "語", "中文", "한", "😀", "🇺🇸", "👍🏽", "∑", "√", "½", "²", "٣", "१", "x", "Z", "_", "-", "=",
       "::", "->", "<=", "http", "://", ".com", "e\u0301", "\u00a0", "\u3000", "ǅ", "Ⅻ"};
-  std::mt19937 random(20240601);
+  std::mt19937 random(static_cast<uint32_t>(testing_support::fresh(20240601)));
   std::vector<std::string> strings;
   for (int i = 0; i < count; ++i) {
     std::string text;

@@ -7,6 +7,7 @@
 
 #include "core/random.h"
 #include "model/parameters.h"
+#include "support/fresh_random.h"
 #include "support/temporary_folder.h"
 #include "train/checkpoint.h"
 #include "train/hf_weights.h"
@@ -34,7 +35,7 @@ ModelConfig small_model() {
 std::vector<float> random_parameters(const ModelConfig& m, uint64_t seed) {
   ParameterLayout layout(m);
   std::vector<float> p(static_cast<size_t>(layout.total()), 0.0f);  // alignment padding stays zero
-  Random random(seed, 0);
+  Random random(testing_support::fresh(seed), 0);
   for (const auto& info : layout.parameters())
     for (int64_t i = 0; i < info.numel(); ++i) p[static_cast<size_t>(info.offset + i)] = static_cast<float>(random.uniform() * 2 - 1);
   return p;
@@ -58,7 +59,7 @@ TEST(HfNames, MapEveryParameterToTransformersLlamaNames) {
 // (pairs i, i + Dh/2) with the permuted weights: the export preserves attention exactly.
 TEST(HfPermutation, PreservesRotaryAttentionScores) {
   const int64_t heads = 2, head_dim = 8, cols = 5, half = head_dim / 2;
-  Random random(11, 0);
+  Random random(testing_support::fresh(11), 0);
   std::vector<float> wq(heads * head_dim * cols), wk(wq.size()), x(cols), y(cols);
   for (auto* v : {&wq, &wk, &x, &y})
     for (auto& e : *v) e = static_cast<float>(random.uniform() * 2 - 1);

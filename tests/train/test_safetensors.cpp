@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/random.h"
+#include "support/fresh_random.h"
 #include "support/temporary_folder.h"
 #include "train/safetensors.h"
 
@@ -12,7 +13,7 @@ namespace smelt {
 namespace {
 
 TEST(Safetensors, RoundTripsTensorsAndMetadata) {
-  Random random(3);
+  Random random(testing_support::fresh(3));
   std::vector<float> a(6 * 7);
   std::vector<uint16_t> b(5);
   for (auto& x : a) x = static_cast<float>(random.normal());

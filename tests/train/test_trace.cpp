@@ -10,6 +10,7 @@
 
 #include "core/random.h"
 #include "dist/sharded_fixture.h"
+#include "support/fresh_random.h"
 #include "support/temporary_folder.h"
 #include "train/trace.h"
 
@@ -36,7 +37,7 @@ TEST(ChromeTrace, CollectivesGetACommunicationTrackAtTheirOwnTimes) {
   c.shard_single_rank = true;
   auto backend = make_cpu_backend();
   const StepPlan plan = build_step_plan(model, testing::sharded_plan_options(model, c, 2, 1, *backend));
-  Random random(2026, 12);
+  Random random(testing_support::fresh(2026), 12);
   std::vector<double> ms(plan.steps.size());
   for (double& m : ms) m = 0.05 + random.uniform();
   std::vector<std::pair<double, double>> windows(plan.steps.size(), {-1.0, -1.0});
