@@ -18,6 +18,7 @@
 #include "core/tensor.h"
 #include "cpu/cpu_backend.h"
 #include "support/fresh_random.h"
+#include "support/normwise.h"
 
 namespace smelt::test {
 
@@ -131,21 +132,13 @@ inline void expect_close(const std::vector<double>& actual, const std::vector<do
   }
 }
 
-// Norm-wise: ||actual - expected|| <= relative * ||expected||, NaN fails. For results a
-// low-precision kernel reaches through roundings that cancel (bf16 gradients), where an element
-// near zero carries the absolute error of the terms it sums.
+// Norm-wise: ||actual - expected|| <= relative * ||expected||, NaN fails (support/normwise.h).
 inline void expect_close_normwise(const std::vector<double>& actual, const std::vector<double>& expected,
                                   double relative, const std::string& what) {
   ASSERT_EQ(actual.size(), expected.size()) << what;
-  double difference = 0, reference = 0;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    ASSERT_FALSE(std::isnan(actual[i])) << what << "[" << i << "] is NaN";
-    difference += (actual[i] - expected[i]) * (actual[i] - expected[i]);
-    reference += expected[i] * expected[i];
-  }
-  ASSERT_GT(reference, 0.0) << what << ": the expected values are all zero, the test would prove nothing";
-  const double error = std::sqrt(difference / reference);
-  EXPECT_LE(error, relative) << what << ": norm-wise relative error " << error;
+  testing_support::expect_normwise_close(
+      int64_t(actual.size()), [&](int64_t i) { return expected[size_t(i)]; }, [&](int64_t i) { return actual[size_t(i)]; },
+      relative, what);
 }
 
 // A CPU backend with a bound workspace of the size it asks for.

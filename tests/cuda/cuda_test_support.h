@@ -19,6 +19,7 @@
 #include "cpu/cpu_backend.h"
 #include "cuda/cuda_backend.h"
 #include "support/fresh_random.h"
+#include "support/normwise.h"
 
 namespace smelt::test {
 
@@ -100,18 +101,8 @@ inline HostTensor nan_tensor(DType dtype, Shape shape) {
 // Norm-wise relative error |got - want| / |want|; NaN anywhere in `got` fails.
 inline void expect_close(const HostTensor& want, const HostTensor& got, double tolerance, const std::string& what) {
   ASSERT_EQ(want.numel(), got.numel()) << what;
-  double difference = 0, reference = 0;
-  int64_t nans = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double w = want.get(i), g = got.get(i);
-    if (std::isnan(g)) ++nans;
-    difference += (g - w) * (g - w);
-    reference += w * w;
-  }
-  EXPECT_EQ(nans, 0) << what << ": " << nans << " NaN values (an output element was not written)";
-  ASSERT_GT(reference, 0.0) << what << ": the reference is all zeros; the test data is too weak";
-  const double relative = std::sqrt(difference / reference);
-  EXPECT_LE(relative, tolerance) << what << ": relative error " << relative << " above " << tolerance;
+  testing_support::expect_normwise_close(
+      want.numel(), [&](int64_t i) { return want.get(i); }, [&](int64_t i) { return got.get(i); }, tolerance, what);
 }
 
 inline void expect_bits_equal(const HostTensor& want, const HostTensor& got, const std::string& what) {
