@@ -336,6 +336,13 @@ nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps) {
   j["compute_dtype"] = std::string(dtype_name(plan.options.compute_dtype));
   j["batch_size"] = plan.options.shape.batch;
   j["seq_len"] = plan.options.shape.seq_len;
+  j["loss_chunk_tokens"] = plan.options.loss_chunk_tokens;
+  // Where the output projection's compute copy comes from: "persistent" (AdamW writes it),
+  // "per_step" (the output head casts it), "none" (no compute copy, or a sharded plan's gathers).
+  const bool persistent_output = !plan.compute_copy_ranges.empty() && plan.compute_copy_ranges.back().copied();
+  j["output_weight_copy"] = plan.output_weight >= 0 ? "per_step" : persistent_output ? "persistent" : "none";
+  j["linear_gradients_dtype"] = std::string(dtype_name(plan.linear_gradients >= 0 ? plan.buffers[size_t(plan.linear_gradients)].dtype
+                                                                                   : plan.buffers[size_t(plan.gradients)].dtype));
   j["data_parallel_shard_degree"] = plan.options.shard_degree;
   j["data_parallel_replicate_degree"] = plan.options.replicate_degree;
   if (plan.data_parallel()) {

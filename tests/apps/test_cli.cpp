@@ -53,6 +53,18 @@ TEST(Cli, PlanJsonIsMachineReadable) {
   EXPECT_GT(j["arena_bytes"].get<double>(), 40e9);
   EXPECT_EQ(j["policies"].size(), 4u);
   for (const auto& p : j["policies"]) EXPECT_TRUE(p["fits"].is_boolean());
+  // The planner's head choices at batch 1: one loss chunk, bf16 linear gradients, and the output
+  // projection's copy persistent (the head is the peak); at batch 2 its peak is elsewhere.
+  EXPECT_EQ(j["loss_chunk_tokens"], 8192);
+  EXPECT_EQ(j["linear_gradients_dtype"], "bf16");
+  EXPECT_EQ(j["output_weight_copy"], "persistent");
+  Outcome two = run_smelt("plan --config " + config("llama3_8b_proxy.toml") + " --format json --training.local_batch_size=2");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_EQ(nlohmann::json::parse(two.output)["output_weight_copy"], "per_step");
+  Outcome f32 = run_smelt("plan --config " + config("llama3_8b_proxy.toml") +
+                          " --format json --training.mixed_precision_param=float32");
+  ASSERT_EQ(f32.exit_code, 0) << f32.output;
+  EXPECT_EQ(nlohmann::json::parse(f32.output)["output_weight_copy"], "none");
 }
 
 TEST(Cli, UnknownOverrideKeyExitsWithTwoAndNamesTheKey) {
