@@ -2,38 +2,23 @@
 // output for a model far larger than this machine.
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
 
+#include "apps/run_command.h"
 #include "support/temporary_folder.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using smelt::testing_support::Outcome;
+using smelt::testing_support::run_command;
 
-struct Outcome {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-Outcome run_smelt(const std::string& arguments) {
-  const std::string command = std::string(SMELT_BINARY_DIR) + "/smelt " + arguments + " 2>&1";
-  Outcome outcome;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) return outcome;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) outcome.output.append(buffer.data(), n);
-  int status = ::pclose(pipe);
-  outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return outcome;
-}
+Outcome run_smelt(const std::string& arguments) { return run_command(std::string(SMELT_BINARY_DIR) + "/smelt " + arguments); }
 
 std::string config(const char* name) { return std::string(SMELT_SOURCE_DIR) + "/configs/" + name; }
 
