@@ -1,6 +1,7 @@
 // `smelt plan`: the step plan, memory breakdown, predicted step time and fit against a
 // device for a config, every checkpointing policy side by side (auto included), and the
 // memory timeline, on any machine (nothing is allocated).
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -9,6 +10,7 @@
 #include "core/error.h"
 #include "plan_command.h"
 #include "plan/auto_policy.h"
+#include "plan/loss_chunk.h"
 #include "plan/memory_timeline.h"
 #include "plan/plan_report.h"
 #include "train/run_setup.h"
@@ -60,6 +62,7 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
     PlanOptions o = setup.plan_options;
     o.policy = parse_checkpoint_policy(name);
     o.keep_sets.clear();
+    choose_head_options(adjusted, setup.model, o, budget);
     StepPlan p = build_step_plan(setup.model, o);
     PlanTime t = cost.predict(p);
     rows.push_back({name, std::move(p), t});
@@ -71,8 +74,14 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
     try {
       PlanOptions o = setup.plan_options;
       o.policy.mode = CheckpointMode::automatic;
+      o.persistent_output_copy = false;  // as prepare_run searches: the head's choices after the keep-sets
+      if (config.training.loss_chunk_tokens == 0) o.loss_chunk_tokens = std::min(kBaseLossChunkTokens, o.shape.tokens());
       AutoPolicyResult chosen = choose_automatic_policy(setup.model, o, budget, cost);
-      rows.push_back({"auto", std::move(chosen.plan), chosen.time});
+      PlanOptions resolved = chosen.plan.options;
+      choose_head_options(adjusted, setup.model, resolved, budget);
+      StepPlan p = build_step_plan(setup.model, resolved);
+      PlanTime t = cost.predict(p);
+      rows.push_back({"auto", std::move(p), t});
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::memory) throw;
       auto_failure = "nothing fits the budget";

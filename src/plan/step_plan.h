@@ -109,7 +109,7 @@ struct PlanOptions {
   // written by AdamW with the others, instead of cast from the master by the output head at each
   // step into a buffer live only there. The persistent copy saves the cast's pass over the master
   // (4 + 2 bytes per element against AdamW's 2) but holds its bytes across the whole step; it
-  // costs no memory where the output head is the peak (choose_output_copy).
+  // costs no memory where the output head is the peak (choose_persistent_output_copy, plan/output_copy.h).
   bool persistent_output_copy = false;
 };
 

@@ -132,13 +132,19 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
       fail(ErrorKind::memory, does_not_fit_message(plan, setup.memory_budget_bytes,
                                                    changes_that_fit(setup.model, o, setup.memory_budget_bytes, cost)));
   }
-  if (config.training.loss_chunk_tokens == 0)
-    o.loss_chunk_tokens = choose_loss_chunk(setup.model, o, setup.memory_budget_bytes);
+  choose_head_options(config, setup.model, o, setup.memory_budget_bytes);
+  return setup;
+}
+
+void choose_head_options(const JobConfig& config, const ModelConfig& model, PlanOptions& o, double budget_bytes) {
+  o.persistent_output_copy = false;
+  if (config.training.loss_chunk_tokens == 0) {
+    o.loss_chunk_tokens = std::min(kBaseLossChunkTokens, o.shape.tokens());
+    o.loss_chunk_tokens = choose_loss_chunk(model, o, budget_bytes);
+  }
   // After the chunk: the head's buffers decide whether it is the peak.
   const std::string& output_copy = config.training.output_weight_copy;
-  o.persistent_output_copy = output_copy == "persistent" ||
-                             (output_copy == "auto" && choose_persistent_output_copy(setup.model, o));
-  return setup;
+  o.persistent_output_copy = output_copy == "persistent" || (output_copy == "auto" && choose_persistent_output_copy(model, o));
 }
 
 void hold_to_memory_budget(const RunSetup& setup, Backend& backend, std::ostream& log) {

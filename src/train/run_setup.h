@@ -47,6 +47,14 @@ double default_memory_budget(double device_memory_bytes);
 RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_tokenizer = true,
                      const PlanTarget& target = {});
 
+// The output head's choices the config leaves to the planner, made for `options`' policy and
+// keep-sets: the loss chunk (training.loss_chunk_tokens = 0: choose_loss_chunk from the base chunk,
+// within budget_bytes) and then whether the output projection's copy is persistent
+// (training.output_weight_copy; auto: choose_persistent_output_copy). prepare_run applies them to
+// the configured policy; `smelt plan` to each policy it compares, so each row is the plan that
+// policy would run.
+void choose_head_options(const JobConfig& config, const ModelConfig& model, PlanOptions& options, double budget_bytes);
+
 // With an explicit activation_checkpoint.memory_budget_gb, holds the rest of the device's free
 // memory back (MemoryResource::limit_to) so the run has exactly the budget and no more; logs it.
 // Call after prepare_run and before the arena is allocated. Without an explicit budget: nothing.

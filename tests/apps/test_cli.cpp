@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -50,6 +51,39 @@ TEST(Cli, PlanJsonIsMachineReadable) {
                           " --format json --training.mixed_precision_param=float32");
   ASSERT_EQ(f32.exit_code, 0) << f32.output;
   EXPECT_EQ(nlohmann::json::parse(f32.output)["output_weight_copy"], "none");
+}
+
+// Each row of the policy comparison is the plan that policy would run: its arena and predicted
+// step time equal those `smelt plan` reports with that policy configured (the planner's loss chunk
+// and output copy chosen for it, not carried over from the configured policy). At batch 2 the
+// policies differ there: selective-layer:2 takes 4096-token chunks, selective-op 2048; at batch 1
+// with float8 every policy keeps the output copy.
+TEST(Cli, EachPolicyRowIsThePlanThatPolicyRuns) {
+  for (const char* variant : {" --training.local_batch_size=2", " --float8.recipe=tensorwise"}) {
+    SCOPED_TRACE(variant);
+    const std::string base = "plan --config " + config("llama3_8b_proxy.toml") + " --format json" + variant;
+    Outcome o = run_smelt(base);
+    ASSERT_EQ(o.exit_code, 0) << o.output;
+    const auto j = nlohmann::json::parse(o.output);
+    ASSERT_EQ(j["policies"].size(), 4u);
+    std::set<int64_t> chunks;
+    std::set<std::string> copies;
+    for (const auto& row : j["policies"]) {
+      const std::string policy = row["policy"].get<std::string>();
+      Outcome alone = run_smelt(base + " --activation_checkpoint.mode=" + policy);
+      ASSERT_EQ(alone.exit_code, 0) << alone.output;
+      const auto k = nlohmann::json::parse(alone.output);
+      EXPECT_EQ(row["arena_bytes"], k["arena_bytes"]) << policy;
+      EXPECT_EQ(row["prediction"]["step_seconds"], k["prediction"]["step_seconds"]) << policy;
+      chunks.insert(k["loss_chunk_tokens"].get<int64_t>());
+      copies.insert(k["output_weight_copy"].get<std::string>());
+    }
+    if (std::string(variant).find("batch_size=2") != std::string::npos) {
+      EXPECT_GT(chunks.size(), 1u) << "the batch-2 policies should choose different loss chunks";
+    } else {
+      EXPECT_EQ(copies, std::set<std::string>{"persistent"});
+    }
+  }
 }
 
 TEST(Cli, UnknownOverrideKeyExitsWithTwoAndNamesTheKey) {
