@@ -1,7 +1,6 @@
 // `smelt plan`: the step plan, memory breakdown, predicted step time and fit against a
 // device for a config, every checkpointing policy side by side (auto included), and the
 // memory timeline, on any machine (nothing is allocated).
-#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -10,7 +9,6 @@
 #include "core/error.h"
 #include "plan_command.h"
 #include "plan/auto_policy.h"
-#include "plan/loss_chunk.h"
 #include "plan/memory_timeline.h"
 #include "plan/plan_report.h"
 #include "train/run_setup.h"
@@ -74,8 +72,7 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
     try {
       PlanOptions o = setup.plan_options;
       o.policy.mode = CheckpointMode::automatic;
-      o.persistent_output_copy = false;  // as prepare_run searches: the head's choices after the keep-sets
-      if (config.training.loss_chunk_tokens == 0) o.loss_chunk_tokens = std::min(kBaseLossChunkTokens, o.shape.tokens());
+      reset_head_options(adjusted, o);  // as prepare_run searches: the head's choices after the keep-sets
       AutoPolicyResult chosen = choose_automatic_policy(setup.model, o, budget, cost);
       PlanOptions resolved = chosen.plan.options;
       choose_head_options(adjusted, setup.model, resolved, budget);

@@ -89,9 +89,9 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   // auto and bfloat16 alike: the plan keeps them in bf16 where it can (unsharded, bf16 compute).
   o.linear_grad_dtype = config.training.linear_grad_dtype == "float32" ? DType::f32 : DType::bf16;
   o.policy = parse_checkpoint_policy(config.activation_checkpoint.mode);
-  // 0: the base chunk while the checkpointing policy is chosen, grown below where it costs no memory.
-  o.loss_chunk_tokens = config.training.loss_chunk_tokens > 0 ? config.training.loss_chunk_tokens
-                                                               : std::min(kBaseLossChunkTokens, o.shape.tokens());
+  // The base chunk and no persistent output copy while the checkpointing policy is chosen;
+  // choose_head_options below grows them where they cost no memory.
+  reset_head_options(config, o);
   o.float8.recipe = parse_float8_recipe(config.float8.recipe);
   o.float8.filter_fqns = config.float8.filter_fqns;
   o.float8.save_inputs_in_float8 = config.float8.save_inputs_in_float8;
@@ -136,12 +136,15 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   return setup;
 }
 
-void choose_head_options(const JobConfig& config, const ModelConfig& model, PlanOptions& o, double budget_bytes) {
+void reset_head_options(const JobConfig& config, PlanOptions& o) {
+  o.loss_chunk_tokens = config.training.loss_chunk_tokens > 0 ? config.training.loss_chunk_tokens
+                                                               : std::min(kBaseLossChunkTokens, o.shape.tokens());
   o.persistent_output_copy = false;
-  if (config.training.loss_chunk_tokens == 0) {
-    o.loss_chunk_tokens = std::min(kBaseLossChunkTokens, o.shape.tokens());
-    o.loss_chunk_tokens = choose_loss_chunk(model, o, budget_bytes);
-  }
+}
+
+void choose_head_options(const JobConfig& config, const ModelConfig& model, PlanOptions& o, double budget_bytes) {
+  reset_head_options(config, o);
+  if (config.training.loss_chunk_tokens == 0) o.loss_chunk_tokens = choose_loss_chunk(model, o, budget_bytes);
   // After the chunk: the head's buffers decide whether it is the peak.
   const std::string& output_copy = config.training.output_weight_copy;
   o.persistent_output_copy = output_copy == "persistent" || (output_copy == "auto" && choose_persistent_output_copy(model, o));

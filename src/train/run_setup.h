@@ -54,6 +54,10 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
 // the configured policy; `smelt plan` to each policy it compares, so each row is the plan that
 // policy would run.
 void choose_head_options(const JobConfig& config, const ModelConfig& model, PlanOptions& options, double budget_bytes);
+// The head options before those choices, as the automatic policy searches with them: the
+// configured loss chunk or the base one (kBaseLossChunkTokens, at most the step's tokens), and the
+// output projection's copy cast per step.
+void reset_head_options(const JobConfig& config, PlanOptions& options);
 
 // With an explicit activation_checkpoint.memory_budget_gb, holds the rest of the device's free
 // memory back (MemoryResource::limit_to) so the run has exactly the budget and no more; logs it.
