@@ -1,7 +1,7 @@
 // Microbenchmark: causal bf16 attention, forward and backward, through the CUDA backend
 // (cuDNN fused flash attention by default). Default shape B1 H32 KV8 T8192 Dh128.
 // TFLOPS count the causal half: 4*B*H*T^2*Dh/2 forward, 2.5x that backward.
-// Usage: attention_bench [--tiled] [--seq T] [--batch B] [--repeats N]
+// Usage: attention_bench [--tiled] [--seq T] [--batch B] [--heads H] [--kv-heads KV] [--head-dim D] [--repeats N]
 #include <cstring>
 #include <string>
 
@@ -20,9 +20,12 @@ int main(int argc, char** argv) {
     if (flag == "--tiled") implementation = CudaAttention::tiled;
     else if (flag == "--seq" && i + 1 < argc) seq_len = std::atoll(argv[++i]);
     else if (flag == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
+    else if (flag == "--heads" && i + 1 < argc) heads = std::atoll(argv[++i]);
+    else if (flag == "--kv-heads" && i + 1 < argc) kv_heads = std::atoll(argv[++i]);
+    else if (flag == "--head-dim" && i + 1 < argc) head_dim = std::atoll(argv[++i]);
     else if (flag == "--repeats" && i + 1 < argc) repeats = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: attention_bench [--tiled] [--seq T] [--batch B] [--repeats N]\n");
+      std::fprintf(stderr, "usage: attention_bench [--tiled] [--seq T] [--batch B] [--heads H] [--kv-heads KV] [--head-dim D] [--repeats N]\n");
       return 2;
     }
   }

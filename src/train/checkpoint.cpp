@@ -331,9 +331,8 @@ Checkpointer::Checkpointer(const JobConfig& config, const std::string& run_folde
   writer_ = std::make_unique<CheckpointWriter>(std::move(options), layout);
 }
 
-TrainingProgress Checkpointer::resume(Executor& executor, DataLoader& train, DataLoader* validation, std::ostream& log) {
+TrainingProgress Checkpointer::resume(Executor& executor, DataLoader& train, std::ostream& log) {
   train_ = &train;
-  validation_ = validation;
   std::string source, problem;
   if (leader()) {  // sharded runs: every rank resumes from what rank 0 chose
     try {
@@ -370,7 +369,6 @@ TrainingProgress Checkpointer::resume(Executor& executor, DataLoader& train, Dat
     return progress;
   }
   train.restore(checkpoint.progress.loader);
-  if (validation && checkpoint.progress.has_validation_loader) validation->restore(checkpoint.progress.validation_loader);
   log << "checkpoint: resumed from " << checkpoint.path << " at step " << checkpoint.progress.step
       << (checkpoint.local_shards ? " (this rank's shards)" : "") << "\n";
   return checkpoint.progress;
@@ -384,8 +382,6 @@ void Checkpointer::after_step(Executor& executor, TrainingProgress& progress, bo
     return;
   }
   progress.loader = train_->state();
-  progress.has_validation_loader = validation_ != nullptr;
-  if (validation_) progress.validation_loader = validation_->state();
   if (writer_->sharded()) writer_->finish();  // collective: completes the previous save on every rank
   report_background_write(log);  // waits for the previous write, as save() would
   writer_->save(executor, progress);

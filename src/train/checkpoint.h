@@ -149,7 +149,9 @@ class Checkpointer {
                const ParameterLayout& layout, const std::string& tokenizer, int64_t seq_len,
                const ShardLayout* shards = nullptr, Communicator* communicator = nullptr);
   // checkpoint.load when set, else (when enabled) the newest checkpoint in the folder; else step 0.
-  TrainingProgress resume(Executor& executor, DataLoader& train, DataLoader* validation, std::ostream& log);
+  // Restores the training data position; validation keeps none (each evaluation reads its split
+  // from the start).
+  TrainingProgress resume(Executor& executor, DataLoader& train, std::ostream& log);
   // Saves when `step` is due (every interval, and the last step).
   void after_step(Executor& executor, TrainingProgress& progress, bool last, std::ostream& log);
   // Waits for a background write and logs its size and time.
@@ -167,7 +169,6 @@ class Checkpointer {
   Communicator* communicator_ = nullptr;
   bool leader() const { return !communicator_ || communicator_->rank() == 0; }
   DataLoader* train_ = nullptr;
-  DataLoader* validation_ = nullptr;
   std::unique_ptr<CheckpointWriter> writer_;
   int64_t background_step_ = -1;  // step of a background write not yet reported
 };

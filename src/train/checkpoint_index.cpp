@@ -104,10 +104,6 @@ std::string checkpoint_index_to_json(const CheckpointIndex& index) {
   j["data_loader"] = {{"epoch", index.progress.loader.epoch},
                       {"position", index.progress.loader.position},
                       {"seed", index.progress.loader.seed}};
-  if (index.progress.has_validation_loader)
-    j["validation_loader"] = {{"epoch", index.progress.validation_loader.epoch},
-                              {"position", index.progress.validation_loader.position},
-                              {"seed", index.progress.validation_loader.seed}};
   j["loss_window"] = index.progress.loss_window;
   j["rng"] = "none: data order derives from the seed and the data_loader position; no other random state";
   j["model"] = nlohmann::json::parse(index.model_json);
@@ -171,10 +167,10 @@ CheckpointIndex parse_checkpoint_index(const std::string& text, const std::strin
     return state;
   };
   index.progress.loader = loader_state(field("data_loader"), "data_loader");
-  if (j.contains("validation_loader")) {
-    index.progress.has_validation_loader = true;
-    index.progress.validation_loader = loader_state(j["validation_loader"], "validation_loader");
-  }
+  // Written by earlier versions, when validation went on through its split from one evaluation to
+  // the next; every evaluation now starts at the split's beginning, so the position is checked and
+  // not used.
+  if (j.contains("validation_loader")) loader_state(j["validation_loader"], "validation_loader");
   const auto& window = field("loss_window");
   if (!window.is_array() || window.size() > kMaxLossWindow)
     bad(source, "'loss_window' should be an array of at most " + std::to_string(kMaxLossWindow) + " numbers");

@@ -64,9 +64,8 @@ struct TrainingProgress {
   int64_t step = 0;             // training steps done (the LR schedule's position)
   int64_t optimizer_steps = 0;  // AdamW updates applied (its bias-correction step); less than step after skips
   int64_t skipped_steps = 0;    // steps whose update was skipped (non-finite or spiking loss)
-  LoaderState loader;           // training data position
-  bool has_validation_loader = false;
-  LoaderState validation_loader;    // validation data position (validation batches are consumed in order)
+  LoaderState loader;           // training data position (validation has none: every evaluation
+                                // reads its split from the start)
   std::vector<double> loss_window;  // recent accepted losses, oldest first (loss-spike detection)
 };
 

@@ -165,7 +165,7 @@ TrainResult train(const JobConfig& config, std::ostream& log, Communicator* comm
   const JobConfig checkpoint_config = shards ? config : checkpoint_config_for_rank(config, ranks, result.run_folder);
   Checkpointer checkpointer(checkpoint_config, result.run_folder, model, executor.layout(), tokenizer_spec, shape.seq_len,
                             shards, shards ? ranks.communicator : nullptr);
-  TrainingProgress progress = checkpointer.resume(executor, *dataset.train, dataset.validation.get(), log);
+  TrainingProgress progress = checkpointer.resume(executor, *dataset.train, log);
   auto after_step = [&](int64_t step) {
     const bool due = config.checkpoint.enable && (step == config.training.steps || step % config.checkpoint.interval == 0);
     if (ranks.leader() || shards)

@@ -235,6 +235,35 @@ TEST(CheckpointIndex, RoundTripsAndRejectsMalformedFields) {
   }
 }
 
+// Earlier versions saved the validation loader's position; every evaluation now reads its split
+// from the start, so the index no longer has one, and an old index's is checked but not used.
+TEST(CheckpointIndex, ReadsAnEarlierVersionsValidationPositionAndWritesNone) {
+  CheckpointIndex index;
+  index.smelt_version = "1.2.3";
+  index.model_json = R"({"dim": 8})";
+  index.progress.step = 6;
+  index.progress.optimizer_steps = 6;
+  index.progress.loader = {1, 33, 7};
+  index.files = {{"model.safetensors", 99, 0x0123456789abcdefull}};
+  const std::string json = checkpoint_index_to_json(index);
+  EXPECT_EQ(json.find("validation_loader"), std::string::npos) << json;
+
+  const std::string anchor = "\"loss_window\"";
+  ASSERT_NE(json.find(anchor), std::string::npos);
+  auto with_validation = [&](const std::string& position) {
+    std::string old = json;
+    old.insert(old.find(anchor), "\"validation_loader\": {\"epoch\": 0, \"position\": " + position + ", \"seed\": 7}, ");
+    return old;
+  };
+  const CheckpointIndex back = parse_checkpoint_index(with_validation("5"), "old index");
+  EXPECT_EQ(back.progress.step, 6);
+  EXPECT_EQ(back.progress.loader.epoch, 1u);
+  EXPECT_EQ(back.progress.loader.position, 33u);
+  EXPECT_EQ(back.progress.loader.seed, 7u);
+  EXPECT_THROW(parse_checkpoint_index(with_validation("-5"), "old index"), Error);
+  EXPECT_THROW(parse_checkpoint_index(with_validation("\"5\""), "old index"), Error);
+}
+
 TEST(CheckpointIndex, ShardedIndexRoundTripsAndRejectsInconsistentLayouts) {
   CheckpointIndex index;
   index.format = kShardedCheckpointFormat;
