@@ -13,6 +13,16 @@
 
 namespace smelt {
 
+double attention_flops(const DeviceCeilings& c, int64_t head_dim, bool backward) {
+  const double at_128 = 1 / (backward ? c.attention_backward_flops : c.attention_forward_flops);
+  const double at_64 = 1 / (backward ? c.attention_backward_flops_d64 : c.attention_forward_flops_d64);
+  // Seconds per FLOP, linear in 1 / head_dim through the two measured head dims; wide heads keep at
+  // least half the 128-wide time per FLOP.
+  const double position = 128.0 / static_cast<double>(std::max<int64_t>(1, head_dim)) - 1;  // 0 at 128, 1 at 64
+  const double seconds = std::max(0.5 * at_128, at_128 + (at_64 - at_128) * position);
+  return 1 / seconds;
+}
+
 DeviceCeilings h200_ceilings() { return DeviceCeilings{}; }
 
 DeviceCeilings h100_ceilings() {
@@ -21,7 +31,9 @@ DeviceCeilings h100_ceilings() {
   c.memory_bytes = 80e9;
   c.gemm_flops = 650e12;
   c.float8_gemm_flops = 1250e12;
-  c.attention_flops = 480e12;
+  // Unmeasured: the H200's attention rates scaled by the GEMM ceilings' ratio.
+  c.attention_forward_flops = 488e12, c.attention_forward_flops_d64 = 334e12;
+  c.attention_backward_flops = 375e12, c.attention_backward_flops_d64 = 281e12;
   c.elementwise_bytes_per_second = 2.6e12;
   return c;
 }
@@ -32,7 +44,8 @@ DeviceCeilings cpu_ceilings() {
   c.memory_bytes = 64e9;
   c.gemm_flops = 0.3e12;
   c.float8_gemm_flops = 0.05e12;  // emulated
-  c.attention_flops = 0.1e12;
+  c.attention_forward_flops = c.attention_forward_flops_d64 = 0.1e12;
+  c.attention_backward_flops = c.attention_backward_flops_d64 = 0.1e12;
   c.elementwise_bytes_per_second = 20e9;
   c.kernel_launch_seconds = 2e-6;
   c.collective_bytes_per_second = 10e9;
@@ -168,6 +181,12 @@ Float8Weights float8_weights(const ModelConfig& m, const PlanOptions& o) {
   return total;
 }
 
+// The linears that read the input the one before them quantised (Float8InputReuse): k and v
+// after q, up after gate.
+bool shares_float8_input(ForwardOp op) {
+  return op == ForwardOp::k_proj || op == ForwardOp::v_proj || op == ForwardOp::up_proj;
+}
+
 }  // namespace
 
 double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const PlanOptions& o) const {
@@ -185,6 +204,8 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
   auto activation_bytes = [&](Activation a) { return static_cast<double>(activation_spec(a, m, o.shape, o.compute_dtype).bytes()); };
   auto gradient_bytes = [&](Gradient g) { return static_cast<double>(gradient_spec(g, m, o.shape, o.compute_dtype).bytes()); };
   const bool fp8 = float8_linears_ && o.compute_dtype != DType::f32 && o.compute_dtype != DType::f64;
+  // Unsharded float8 weights are quantised once per step (the cast_weights step); gathered ones per use.
+  const bool sharded = o.shard_degree > 1 || o.shard_single_rank;
   double flops = step.flops, flop_rate = c.gemm_flops, bytes = 0, extra_bytes = 0, launches = 1;
 
   switch (step.kind) {
@@ -194,17 +215,20 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
       const auto& info = forward_op_info(op);
       for (Activation a : info.inputs) bytes += activation_bytes(a);
       for (Activation a : info.outputs) bytes += activation_bytes(a);
-      if (op == ForwardOp::attention) flop_rate = c.attention_flops;
+      if (op == ForwardOp::attention) flop_rate = attention_flops(c, m.head_dim(), false);
       if (auto w = linear_weight(op)) {
         bytes += weight_elements(*w, m) * width;
         if (op == ForwardOp::q_proj || op == ForwardOp::k_proj) {  // RoPE in place: one more pass
           extra_bytes += 2 * activation_bytes(info.outputs[0]);
           launches += 1;
         }
-        if (fp8) {  // amax + cast of the input and the weight: read, read, write one byte
+        if (fp8) {  // amax + cast of the input (read, read, write a byte), and of a gathered weight
           flop_rate = c.float8_gemm_flops;
-          extra_bytes += (activation_bytes(info.inputs[0]) / width + weight_elements(*w, m)) * (2 * width + 1);
-          launches += 4;
+          // k and v (and up) take the quantised input q's (gate's) forward made, one step before;
+          // a recompute runs alone and casts its own.
+          const bool input_shared = step.kind == StepKind::layer_forward && shares_float8_input(op);
+          if (!input_shared) extra_bytes += activation_bytes(info.inputs[0]) / width * (2 * width + 1), launches += 2;
+          if (sharded) extra_bytes += weight_elements(*w, m) * (2 * width + 1), launches += 2;
         }
       }
       break;
@@ -217,22 +241,22 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
       for (Gradient g : info.gradient_writes) bytes += gradient_bytes(g);
       if (op == BackwardOp::down_proj || op == BackwardOp::o_proj) bytes += stream;           // reads d residual
       if (op == BackwardOp::ffn_norm || op == BackwardOp::attn_norm) bytes += 2 * stream, launches += 1;  // adds to it
-      if (op == BackwardOp::attention) flop_rate = c.attention_flops, launches += 1;
+      if (op == BackwardOp::attention) flop_rate = attention_flops(c, m.head_dim(), true), launches += 1;
       if (auto w = linear_weight(forward_op_of(op))) {
         launches += 1;  // grad-input and grad-weight GEMMs
         bytes += weight_elements(*w, m) * (width + 4);  // weight read, f32 weight gradient written
         if (op == BackwardOp::q_proj || op == BackwardOp::k_proj) extra_bytes += 2 * gradient_bytes(info.gradient_reads[0]), launches += 1;
-        if (fp8) {  // casts of the output gradient (two layouts), the input (transposed) and the weight
-          flop_rate = c.float8_gemm_flops;
+        if (fp8) {  // casts of the output gradient (two layouts from one read, after an amax pass), the
+          flop_rate = c.float8_gemm_flops;  // input (transposed; k, v and up take q's and gate's) and a gathered weight
           const double inputs = activation_bytes(info.reads[0]) / width;
           const double outputs = static_cast<double>(gradient_spec(info.gradient_reads.empty() ? Gradient::swiglu_out
                                                                                                : info.gradient_reads[0],
                                                                    m, o.shape, o.compute_dtype)
                                                          .dims[1]) *
                                  tokens;
-          extra_bytes += (2 * outputs + inputs + weight_elements(*w, m)) * (2 * width + 1);
-          launches += 6;
-          const bool sharded = o.shard_degree > 1 || o.shard_single_rank;
+          extra_bytes += outputs * (2 * width + 2), launches += 2;
+          if (!shares_float8_input(forward_op_of(op))) extra_bytes += inputs * (width + 1), launches += 1;
+          if (sharded) extra_bytes += weight_elements(*w, m) * (2 * width + 1), launches += 2;
           if (!sharded && float8_transposes_per_use(o.float8))  // W^T from W's codes: read, write a byte
             extra_bytes += 2 * weight_elements(*w, m), launches += 1;
         }
@@ -240,7 +264,11 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
       break;
     }
     case StepKind::embedding_forward: bytes = 2 * stream + tokens * 4; break;
-    case StepKind::embedding_backward: bytes = stream + tokens * static_cast<double>(m.dim) * 8 + tokens * 4; break;
+    case StepKind::embedding_backward:  // zeroes the f32 table gradient, then adds each token's row
+      bytes = stream + tokens * static_cast<double>(m.dim) * 8 + tokens * 4 +
+              static_cast<double>(m.vocab_size) * static_cast<double>(m.dim) * 4;
+      launches = 2;
+      break;
     case StepKind::final_norm_forward: bytes = 2 * stream + tokens * 4; break;
     case StepKind::final_norm_backward: bytes = 4 * stream + tokens * 4, launches = 2; break;
     case StepKind::output_head: {
@@ -252,7 +280,6 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
       bytes = tokens * vocabulary * 4 * width + 3 * stream +
               chunks * 3 * vocabulary * static_cast<double>(m.dim) * width;
       launches = chunks * 4;
-      const bool sharded = o.shard_degree > 1 || o.shard_single_rank;
       if (!sharded && o.compute_dtype != master_dtype(o.compute_dtype) && !o.persistent_output_copy)  // cast first
         bytes += vocabulary * static_cast<double>(m.dim) * (4 + width), launches += 1;
       break;

@@ -17,11 +17,18 @@ struct DeviceCeilings {
   double memory_bytes = 141e9;
   double gemm_flops = 700e12;                   // bf16 / f32-accumulate dense GEMM
   double float8_gemm_flops = 1400e12;           // fp8 GEMM (tensorwise / rowwise scaling)
-  double attention_flops = 520e12;              // causal attention, forward and backward (causal FLOPs)
+  // Causal attention (causal FLOPs) at head dims 128 and 64, forward and backward; other head dims
+  // interpolate the time per FLOP linearly in 1 / head_dim (a score's softmax and masking cost the
+  // same at any head dim, so narrower heads run slower per FLOP).
+  double attention_forward_flops = 526e12, attention_forward_flops_d64 = 360e12;
+  double attention_backward_flops = 404e12, attention_backward_flops_d64 = 303e12;
   double elementwise_bytes_per_second = 3.3e12; // norms, SwiGLU, RoPE, casts, optimizer (read + write)
   double kernel_launch_seconds = 5e-6;          // fixed cost of one kernel (launch + tail)
   double collective_bytes_per_second = 350e9;   // per-GPU bus bandwidth of all-gather / reduce-scatter
 };
+
+// The attention rate of `ceilings` for heads of `head_dim`, forward or backward (FLOP/s).
+double attention_flops(const DeviceCeilings& ceilings, int64_t head_dim, bool backward);
 
 DeviceCeilings h200_ceilings();
 DeviceCeilings h100_ceilings();  // 80 GB, H100 SXM rates

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <ostream>
@@ -89,6 +90,8 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
     r.label += std::to_string(ranks.world_size) + " " + ranks.communicator->name();
   }
   r.predicted_bytes = plan.memory.arena_bytes;
+  const CostModel cost = setup.cost_model();
+  r.predicted_step_ms = cost.predict(plan).seconds * 1e3;
   log << "bench: " << describe(setup.model) << "\n" << "plan: " << plan_summary_line(plan) << "\n" << std::flush;
 
   hold_to_memory_budget(setup, *backend, log);
@@ -162,12 +165,16 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
     log << "energy: " << r.joules_per_step << " J per step, " << r.tokens_per_joule << " tokens per joule\n";
   }
   if (tracing && options.report) {
+    // Each step's time as the planner predicts it, for the summary's comparison.
+    std::vector<double> predicted_ms(plan.steps.size());
+    for (size_t i = 0; i < plan.steps.size(); ++i)
+      predicted_ms[i] = cost.step_seconds(plan.steps[i], setup.model, plan.options) * 1e3;
     for (size_t i = 0; i < windows.size(); ++i)  // means over the traced steps
       windows[i] = windowed[i] == 0 ? std::pair{-1.0, -1.0}
                                     : std::pair{windows[i].first / windowed[i], windows[i].second / windowed[i]};
     write_chrome_trace(options.trace_path, plan, per_step_ms, windows);
     log << "\nwhere the time goes (mean of " << options.steps << " traced steps; trace: " << options.trace_path << ")\n"
-        << trace_summary(plan, per_step_ms) << std::flush;
+        << trace_summary(plan, per_step_ms, predicted_ms) << std::flush;
     if (!options.calibrate_path.empty()) merge_calibration(options.calibrate_path, setup, plan, per_step_ms, log);
   }
   const size_t free_after = device_free_bytes(*backend);
@@ -187,6 +194,12 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   r.tokens_per_second = r.step_ms > 0 ? static_cast<double>(shape.tokens()) / (r.step_ms / 1e3) : 0;
   r.tflops = r.tokens_per_second * setup.model.training_flops_per_token(shape.seq_len) / 1e12;
   r.mfu_percent = 100.0 * r.tflops / kHopperPeakTflops;
+  if (options.report && r.step_ms > 0 && r.predicted_step_ms > 0) {
+    char line[256];
+    std::snprintf(line, sizeof line, "%.1f ms per step predicted, %.1f measured (median; measured / predicted %.3f)",
+                  r.predicted_step_ms, r.step_ms, r.step_ms / r.predicted_step_ms);
+    log << "cost model (" << setup.ceilings.gpu_name << (setup.op_timings ? ", calibrated" : "") << "): " << line << "\n";
+  }
   return r;
 }
 
@@ -205,6 +218,7 @@ nlohmann::json bench_to_json(const BenchResult& r) {
           {"tflops", r.tflops},
           {"mfu_percent", r.mfu_percent},
           {"predicted_bytes", r.predicted_bytes},
+          {"predicted_step_ms", r.predicted_step_ms},
           {"measured_bytes", r.measured_bytes},
           {"first_loss", r.first_loss},
           {"last_loss", r.last_loss},
@@ -234,6 +248,7 @@ BenchResult bench_from_json(const nlohmann::json& j) {
   r.tflops = j.value("tflops", 0.0);
   r.mfu_percent = j.value("mfu_percent", 0.0);
   r.predicted_bytes = j.value("predicted_bytes", size_t{0});
+  r.predicted_step_ms = j.value("predicted_step_ms", 0.0);
   r.measured_bytes = j.value("measured_bytes", size_t{0});
   r.first_loss = j.value("first_loss", 0.0);
   r.last_loss = j.value("last_loss", 0.0);

@@ -32,6 +32,7 @@ struct BenchResult {
   double step_ms_min = 0, step_ms_max = 0;
   double tflops = 0, mfu_percent = 0;
   size_t predicted_bytes = 0;     // the arena the plan sized
+  double predicted_step_ms = 0;   // the planner's cost model (what `smelt plan` predicts)
   size_t measured_bytes = 0;      // device memory the run took, from the driver (CPU: the arena)
   double first_loss = 0, last_loss = 0;
   // The GPU during the timed steps (DeviceMonitor; zeros when it could not be sampled).

@@ -70,33 +70,45 @@ void write_chrome_trace(const std::string& path, const StepPlan& plan, const std
   write_file_atomically(path, trace.dump() + "\n");
 }
 
-std::string trace_summary(const StepPlan& plan, const std::vector<double>& ms) {
+std::string trace_summary(const StepPlan& plan, const std::vector<double>& ms, const std::vector<double>& predicted) {
   struct Total {
-    double ms = 0, flops = 0;
+    double ms = 0, predicted = 0, flops = 0;
     int count = 0;
   };
+  const bool with_prediction = !predicted.empty() && predicted.size() == ms.size();
   std::map<std::string, Total> totals;
-  double all = 0;
+  Total all;
   for (size_t i = 0; i < plan.steps.size() && i < ms.size(); ++i) {
     auto& t = totals[op_kind(plan.steps[i].name())];
-    t.ms += ms[i];
+    const double expected = with_prediction ? predicted[i] : 0.0;
+    t.ms += ms[i], all.ms += ms[i];
+    t.predicted += expected, all.predicted += expected;
     t.flops += plan.steps[i].flops;
     ++t.count;
-    all += ms[i];
   }
   std::vector<std::pair<std::string, Total>> sorted(totals.begin(), totals.end());
   std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  // "predicted" and "ratio" (measured over predicted) close the line when there is a prediction.
+  auto prediction = [&](const Total& t) -> std::string {
+    if (!with_prediction) return "";
+    char text[64];
+    if (t.predicted > 0) std::snprintf(text, sizeof text, " %9.3f %6.2f", t.predicted, t.ms / t.predicted);
+    else std::snprintf(text, sizeof text, " %9.3f %6s", t.predicted, "");
+    return text;
+  };
   std::string out;
-  char line[256];
-  std::snprintf(line, sizeof line, "%-44s %9s %6s %6s %9s\n", "op (summed over blocks)", "ms", "share", "count", "TFLOPS");
+  char line[320];
+  std::snprintf(line, sizeof line, "%-44s %9s %6s %6s %9s%s\n", "op (summed over blocks)", "ms", "share", "count", "TFLOPS",
+                with_prediction ? " predicted  ratio" : "");
   out += line;
   for (const auto& [name, t] : sorted) {
     char tflops[32] = "";
     if (t.flops > 0 && t.ms > 0) std::snprintf(tflops, sizeof tflops, "%9.1f", t.flops / (t.ms * 1e-3) / 1e12);
-    std::snprintf(line, sizeof line, "%-44s %9.3f %5.1f%% %6d %9s\n", name.c_str(), t.ms, 100 * t.ms / all, t.count, tflops);
+    std::snprintf(line, sizeof line, "%-44s %9.3f %5.1f%% %6d %9s%s\n", name.c_str(), t.ms, 100 * t.ms / all.ms, t.count,
+                  tflops, prediction(t).c_str());
     out += line;
   }
-  std::snprintf(line, sizeof line, "%-44s %9.3f\n", "total", all);
+  std::snprintf(line, sizeof line, "%-44s %9.3f %6s %6s %9s%s\n", "total", all.ms, "", "", "", prediction(all).c_str());
   return out + line;
 }
 

@@ -16,6 +16,9 @@ namespace smelt {
 void write_chrome_trace(const std::string& path, const StepPlan& plan, const std::vector<double>& milliseconds,
                         const std::vector<std::pair<double, double>>& collective_windows = {});
 // One line per op kind ("backward attention.sdpa"), summed over blocks, largest first, with shares.
-std::string trace_summary(const StepPlan& plan, const std::vector<double>& milliseconds);
+// With `predicted` (the cost model's time of each plan step, ms), also the prediction and the
+// measured time over it, per line and for the total: where the planner's figures are off.
+std::string trace_summary(const StepPlan& plan, const std::vector<double>& milliseconds,
+                          const std::vector<double>& predicted = {});
 
 }  // namespace smelt

@@ -1,5 +1,6 @@
-// The cost model: GEMM steps run at the GEMM ceiling, recompute costs time, fp8 GEMMs are
-// faster, FSDP communication is counted, and calibrated timings replace the roofline.
+// The cost model: GEMM steps run at the GEMM ceiling, attention at its head dim's rate, recompute
+// costs time, fp8 GEMMs are faster and their casts counted where they happen, FSDP communication
+// is counted, and calibrated timings replace the roofline.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -70,6 +71,104 @@ TEST(CostModel, ShardingAddsCommunication) {
   EXPECT_LE(eight.exposed_communication_seconds, eight.communication_seconds);
   // The optimizer touches an eighth of the state.
   EXPECT_LT(eight.compute_seconds, single.compute_seconds);
+}
+
+// Attention runs at the measured rates at head dims 128 and 64, forward and backward, and in
+// between in 1 / head_dim: narrower heads are slower per FLOP. The planner's attention steps use it.
+TEST(CostModel, AttentionIsSlowerPerFlopWithNarrowerHeads) {
+  testing_support::FreshRandom random;
+  DeviceCeilings c = h200_ceilings();
+  c.attention_forward_flops = random.uniform(400e12, 700e12);
+  c.attention_forward_flops_d64 = c.attention_forward_flops * random.uniform(0.5, 0.9);
+  c.attention_backward_flops = random.uniform(300e12, 600e12);
+  c.attention_backward_flops_d64 = c.attention_backward_flops * random.uniform(0.5, 0.9);
+  for (const bool backward : {false, true}) {
+    const double at_128 = backward ? c.attention_backward_flops : c.attention_forward_flops;
+    const double at_64 = backward ? c.attention_backward_flops_d64 : c.attention_forward_flops_d64;
+    EXPECT_NEAR(attention_flops(c, 128, backward), at_128, at_128 * 1e-12);
+    EXPECT_NEAR(attention_flops(c, 64, backward), at_64, at_64 * 1e-12);
+    // 96 sits halfway in 1 / head_dim between 128 (0) and 64 (1): a third of the way.
+    EXPECT_NEAR(1 / attention_flops(c, 96, backward), 1 / at_128 + (1 / at_64 - 1 / at_128) / 3, 1e-27);
+    EXPECT_LT(attention_flops(c, 32, backward), at_64);
+    EXPECT_GT(attention_flops(c, 256, backward), at_128);
+    EXPECT_LE(attention_flops(c, 1 << 20, backward), 2 * at_128 * (1 + 1e-12));  // wide heads: at most twice
+  }
+  // Same FLOPs, half the head width (twice the heads): the attention steps take longer.
+  ModelSection wide_section, narrow_section;
+  wide_section.flavor = narrow_section.flavor = "llama3_8b";
+  wide_section.n_layers = narrow_section.n_layers = 1;
+  narrow_section.n_heads = 64;
+  narrow_section.n_kv_heads = 16;
+  const ModelConfig wide = make_model_config(wide_section, 0), narrow = make_model_config(narrow_section, 0);
+  ASSERT_EQ(narrow.head_dim(), 64);
+  const PlanOptions o = options("none");
+  const CostModel cost(c);
+  const double wide_forward = cost.forward_op_seconds(ForwardOp::attention, wide, o);
+  const double narrow_forward = cost.forward_op_seconds(ForwardOp::attention, narrow, o);
+  const double flops = forward_op_flops(ForwardOp::attention, wide, o.shape);
+  ASSERT_EQ(flops, forward_op_flops(ForwardOp::attention, narrow, o.shape));
+  EXPECT_NEAR(wide_forward - narrow_forward, flops / c.attention_forward_flops - flops / c.attention_forward_flops_d64,
+              1e-9);
+}
+
+// The embedding's backward zeroes its f32 table gradient before adding the tokens' rows: a pass
+// over vocabulary x dim that the planner counts.
+TEST(CostModel, EmbeddingBackwardZeroesTheTableGradient) {
+  testing_support::FreshRandom random;
+  ModelSection section;
+  section.flavor = "llama3_8b";
+  section.n_layers = 1;
+  const ModelConfig small = make_model_config(section, 0);
+  section.vocab_size = small.vocab_size + 1024 * int64_t(1 + random.below(64));
+  const ModelConfig large = make_model_config(section, 0);
+  const PlanOptions o = options("none");
+  const CostModel cost(h200_ceilings());
+  auto embedding_backward = [&](const ModelConfig& m) {
+    const StepPlan plan = build_step_plan(m, o);
+    for (const Step& step : plan.steps)
+      if (step.kind == StepKind::embedding_backward) return cost.step_seconds(step, m, o);
+    ADD_FAILURE() << "no embedding backward step";
+    return 0.0;
+  };
+  const double extra_rows = static_cast<double>(large.vocab_size - small.vocab_size);
+  EXPECT_NEAR(embedding_backward(large) - embedding_backward(small),
+              extra_rows * static_cast<double>(small.dim) * 4 / h200_ceilings().elementwise_bytes_per_second, 1e-12);
+}
+
+// Unsharded float8 linears use weights quantised once per step, and k, v and up take the input q
+// and gate quantised just before them; a recompute runs alone and quantises its own input.
+TEST(CostModel, Float8LinearsCountTheCastsTheyMake) {
+  const ModelConfig model = proxy(2);
+  PlanOptions o = options("selective-op");
+  o.float8.recipe = Float8Recipe::tensorwise;
+  const CostModel cost(h200_ceilings(), true);
+  const StepPlan plan = build_step_plan(model, o);
+  const Step* forward_k = nullptr;
+  const Step* recompute_k = nullptr;
+  for (const Step& step : plan.steps) {
+    if (step.op != static_cast<uint8_t>(ForwardOp::k_proj) || step.layer != 0) continue;
+    if (step.kind == StepKind::layer_forward) forward_k = &step;
+    if (step.kind == StepKind::layer_recompute) recompute_k = &step;
+  }
+  ASSERT_NE(forward_k, nullptr);
+  ASSERT_NE(recompute_k, nullptr) << "selective-op recomputes wk";
+  const double input = 8192.0 * 4096;  // attention_norm's output, quantised: read twice, one byte written
+  const double cast = input * 5 / h200_ceilings().elementwise_bytes_per_second + 2 * 5e-6;
+  EXPECT_NEAR(cost.step_seconds(*recompute_k, model, o) - cost.step_seconds(*forward_k, model, o), cast, 1e-12);
+  // Sharded: each use quantises the gathered weight as well.
+  PlanOptions sharded = o;
+  sharded.shard_degree = 2;
+  const StepPlan sharded_plan = build_step_plan(model, sharded);
+  int compared = 0;
+  for (const Step& step : sharded_plan.steps) {
+    if (step.kind != StepKind::layer_forward || step.op != static_cast<uint8_t>(ForwardOp::k_proj) || step.layer != 0)
+      continue;
+    const double weight = 1024.0 * 4096;
+    EXPECT_NEAR(cost.step_seconds(step, model, sharded) - cost.step_seconds(*forward_k, model, o),
+                weight * 5 / h200_ceilings().elementwise_bytes_per_second + 2 * 5e-6, 1e-12);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 1);
 }
 
 TEST(CostModel, CalibratedTimingsReplaceTheRoofline) {

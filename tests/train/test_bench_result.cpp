@@ -29,6 +29,7 @@ TEST(BenchResult, JsonCarriesEveryFieldBackAsWritten) {
   r.tflops = any(1, 1000);
   r.mfu_percent = any(1, 99);
   r.predicted_bytes = size_t(random.below(uint64_t(1) << 40));
+  r.predicted_step_ms = any(10, 500);
   r.measured_bytes = size_t(random.below(uint64_t(1) << 40));
   r.first_loss = any(1, 12);
   r.last_loss = any(1, 12);
@@ -52,6 +53,7 @@ TEST(BenchResult, JsonCarriesEveryFieldBackAsWritten) {
   EXPECT_EQ(back.measured_bytes, r.measured_bytes);
   const std::pair<double, double> numbers[] = {
       {back.tokens_per_second, r.tokens_per_second}, {back.step_ms, r.step_ms},
+      {back.predicted_step_ms, r.predicted_step_ms},
       {back.step_ms_min, r.step_ms_min},             {back.step_ms_max, r.step_ms_max},
       {back.tflops, r.tflops},                       {back.mfu_percent, r.mfu_percent},
       {back.first_loss, r.first_loss},               {back.last_loss, r.last_loss},

@@ -2,9 +2,12 @@
 // collectives' windows on a communication-stream track of their own.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -88,6 +91,64 @@ TEST(ChromeTrace, CollectivesGetACommunicationTrackAtTheirOwnTimes) {
       EXPECT_EQ(e["tid"], 1) << e.dump();
     }
   }
+}
+
+// The summary's lines: each op kind's measured and predicted time summed over its blocks, the
+// measured over the predicted, and the totals; without a prediction, none of those columns.
+TEST(TraceSummary, SetsEachOpsMeasuredTimeAgainstItsPrediction) {
+  const ModelConfig model = testing::small_model(3);
+  auto backend = make_cpu_backend();
+  testing::ShardedCase c;
+  const StepPlan plan = build_step_plan(model, testing::sharded_plan_options(model, c, 1, 1, *backend));
+  Random random(testing_support::fresh(2027), 13);
+  std::vector<double> ms(plan.steps.size()), predicted(plan.steps.size());
+  for (size_t i = 0; i < ms.size(); ++i) ms[i] = 0.05 + random.uniform(), predicted[i] = 0.05 + random.uniform();
+  const std::string kind = "backward attention.sdpa";
+  double measured_sum = 0, predicted_sum = 0, measured_total = 0, predicted_total = 0;
+  int blocks = 0;
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    measured_total += ms[i], predicted_total += predicted[i];
+    if (plan.steps[i].kind != StepKind::layer_backward ||
+        plan.steps[i].op != static_cast<uint8_t>(BackwardOp::attention))
+      continue;
+    measured_sum += ms[i], predicted_sum += predicted[i], ++blocks;
+  }
+  ASSERT_EQ(blocks, 3);
+
+  // The numbers after a line's name, from the line that starts with `name`.
+  auto numbers_of = [](const std::string& summary, const std::string& name) {
+    std::istringstream lines(summary);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.rfind(name + " ", 0) != 0) continue;
+      std::istringstream rest(line.substr(name.size()));
+      std::vector<double> numbers;
+      std::string word;
+      while (rest >> word) numbers.push_back(std::strtod(word.c_str(), nullptr));
+      return numbers;
+    }
+    ADD_FAILURE() << "no line '" << name << "' in\n" << summary;
+    return std::vector<double>{};
+  };
+  const std::string with = trace_summary(plan, ms, predicted);
+  EXPECT_NE(with.find("predicted"), std::string::npos) << with;
+  // ms, share %, count, TFLOPS, predicted, ratio
+  const std::vector<double> line = numbers_of(with, kind);
+  ASSERT_EQ(line.size(), 6u) << with;
+  EXPECT_NEAR(line[0], measured_sum, 1e-3);
+  EXPECT_EQ(line[2], 3);
+  EXPECT_NEAR(line[4], predicted_sum, 1e-3);
+  EXPECT_NEAR(line[5], measured_sum / predicted_sum, 6e-3);
+  const std::vector<double> total = numbers_of(with, "total");
+  ASSERT_EQ(total.size(), 3u) << with;
+  EXPECT_NEAR(total[0], measured_total, 1e-3);
+  EXPECT_NEAR(total[1], predicted_total, 1e-3);
+  EXPECT_NEAR(total[2], measured_total / predicted_total, 6e-3);
+
+  const std::string without = trace_summary(plan, ms);
+  EXPECT_EQ(without.find("predicted"), std::string::npos) << without;
+  EXPECT_EQ(numbers_of(without, kind).size(), 4u) << without;
+  EXPECT_EQ(numbers_of(without, "total").size(), 1u) << without;
 }
 
 }  // namespace
