@@ -35,6 +35,7 @@ DeviceCeilings h100_ceilings() {
   c.attention_forward_flops = 488e12, c.attention_forward_flops_d64 = 334e12;
   c.attention_backward_flops = 375e12, c.attention_backward_flops_d64 = 281e12;
   c.elementwise_bytes_per_second = 2.6e12;
+  c.streaming_bytes_per_second = 3.0e12;
   return c;
 }
 
@@ -47,6 +48,7 @@ DeviceCeilings cpu_ceilings() {
   c.attention_forward_flops = c.attention_forward_flops_d64 = 0.1e12;
   c.attention_backward_flops = c.attention_backward_flops_d64 = 0.1e12;
   c.elementwise_bytes_per_second = 20e9;
+  c.streaming_bytes_per_second = 20e9;
   c.kernel_launch_seconds = 2e-6;
   c.collective_bytes_per_second = 10e9;
   return c;
@@ -240,7 +242,9 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
       for (Gradient g : info.gradient_reads) bytes += gradient_bytes(g);
       for (Gradient g : info.gradient_writes) bytes += gradient_bytes(g);
       if (op == BackwardOp::down_proj || op == BackwardOp::o_proj) bytes += stream;           // reads d residual
-      if (op == BackwardOp::ffn_norm || op == BackwardOp::attn_norm) bytes += 2 * stream, launches += 1;  // adds to it
+      // The norms add to the residual gradient (read, write) and read x and dy again for the weight's
+      // partial sums.
+      if (op == BackwardOp::ffn_norm || op == BackwardOp::attn_norm) bytes += 4 * stream, launches += 2;
       if (op == BackwardOp::attention) flop_rate = attention_flops(c, m.head_dim(), true), launches += 1;
       if (auto w = linear_weight(forward_op_of(op))) {
         launches += 1;  // grad-input and grad-weight GEMMs
@@ -311,7 +315,9 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
     case StepKind::all_reduce_loss:
     case StepKind::all_reduce_float8_amax: return 0;  // communication: predict() adds it, with its overlap
   }
-  const double bandwidth = c.elementwise_bytes_per_second;
+  const bool streaming = step.kind == StepKind::optimizer || step.kind == StepKind::gradient_norm ||
+                         step.kind == StepKind::cast_weights;
+  const double bandwidth = streaming ? c.streaming_bytes_per_second : c.elementwise_bytes_per_second;
   return std::max(flops / flop_rate, bytes / bandwidth) + extra_bytes / bandwidth + launches * c.kernel_launch_seconds;
 }
 
@@ -334,6 +340,7 @@ PlanTime CostModel::predict(const StepPlan& plan) const {
   const ModelConfig& m = plan.model;
   const PlanOptions& o = plan.options;
   const std::string shape_key = cache_ ? shape_timing_key(m, o, float8_linears_) : "";
+  t.timing_cache = cache_ != nullptr;
   // Per block: forward time, and recompute + backward time (what collectives can hide behind).
   std::vector<double> forward(m.n_layers, 0.0), backward(m.n_layers, 0.0);
   double head = 0;

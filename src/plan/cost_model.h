@@ -22,7 +22,8 @@ struct DeviceCeilings {
   // same at any head dim, so narrower heads run slower per FLOP).
   double attention_forward_flops = 526e12, attention_forward_flops_d64 = 360e12;
   double attention_backward_flops = 404e12, attention_backward_flops_d64 = 303e12;
-  double elementwise_bytes_per_second = 3.3e12; // norms, SwiGLU, RoPE, casts, optimizer (read + write)
+  double elementwise_bytes_per_second = 3.3e12; // norms, SwiGLU, RoPE, activation casts (read + write)
+  double streaming_bytes_per_second = 3.9e12;   // one long pass over all parameters: AdamW, gradient norm, weight casts
   double kernel_launch_seconds = 5e-6;          // fixed cost of one kernel (launch + tail)
   double collective_bytes_per_second = 350e9;   // per-GPU bus bandwidth of all-gather / reduce-scatter
 };
@@ -64,6 +65,7 @@ struct PlanTime {
   double exposed_communication_seconds = 0;  // the part not hidden behind compute
   double tokens_per_second = 0;    // per GPU
   int calibrated_steps = 0;        // steps timed from the cache rather than the ceilings
+  bool timing_cache = false;       // a cache was given (it may match none of the plan's steps)
 };
 
 class CostModel {

@@ -299,6 +299,9 @@ std::string format_prediction(const StepPlan& plan, const PlanTime& time, double
   std::snprintf(line, sizeof line, ", MFU %.1f%%", 100 * model_flops_utilization(plan, time, peak_flops));
   text += line;
   if (time.calibrated_steps > 0) text += " (" + std::to_string(time.calibrated_steps) + " steps from calibrated timings)";
+  else if (time.timing_cache)
+    text += " (the op timings hold no entry for this GPU and shape key; the ceilings were used: re-time with "
+            "smelt bench --trace T --calibrate FILE)";
   return text;
 }
 

@@ -91,7 +91,8 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   }
   r.predicted_bytes = plan.memory.arena_bytes;
   const CostModel cost = setup.cost_model();
-  r.predicted_step_ms = cost.predict(plan).seconds * 1e3;
+  const PlanTime predicted = cost.predict(plan);
+  r.predicted_step_ms = predicted.seconds * 1e3;
   log << "bench: " << describe(setup.model) << "\n" << "plan: " << plan_summary_line(plan) << "\n" << std::flush;
 
   hold_to_memory_budget(setup, *backend, log);
@@ -198,7 +199,11 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
     char line[256];
     std::snprintf(line, sizeof line, "%.1f ms per step predicted, %.1f measured (median; measured / predicted %.3f)",
                   r.predicted_step_ms, r.step_ms, r.step_ms / r.predicted_step_ms);
-    log << "cost model (" << setup.ceilings.gpu_name << (setup.op_timings ? ", calibrated" : "") << "): " << line << "\n";
+    log << "cost model (" << setup.ceilings.gpu_name
+        << (predicted.calibrated_steps > 0 ? ", calibrated"
+            : predicted.timing_cache     ? "; no op timing matches this plan, ceilings used"
+                                         : "")
+        << "): " << line << "\n";
   }
   return r;
 }

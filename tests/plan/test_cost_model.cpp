@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "plan/cost_model.h"
+#include "plan/plan_report.h"
 #include "support/fresh_random.h"
 
 namespace smelt {
@@ -189,7 +190,14 @@ TEST(CostModel, CalibratedTimingsReplaceTheRoofline) {
   OpTimingCache other;
   other.set("NVIDIA H100 80GB HBM3", "forward attention.wq", shape_timing_key(model, o, false), measured);
   other.set("NVIDIA H200", "forward attention.wq", shape_timing_key(model, o, true), measured);
-  EXPECT_EQ(CostModel(h200_ceilings(), false, &other).predict(plan).calibrated_steps, 0);
+  const PlanTime unmatched = CostModel(h200_ceilings(), false, &other).predict(plan);
+  EXPECT_EQ(unmatched.calibrated_steps, 0);
+  // The report says so, rather than pass the ceilings' figure off as calibrated.
+  EXPECT_TRUE(unmatched.timing_cache);
+  EXPECT_FALSE(before.timing_cache);
+  EXPECT_NE(format_prediction(plan, unmatched, 989e12).find("no entry for this GPU and shape key"), std::string::npos);
+  EXPECT_EQ(format_prediction(plan, before, 989e12).find("no entry"), std::string::npos);
+  EXPECT_NE(format_prediction(plan, after, 989e12).find("6 steps from calibrated timings"), std::string::npos);
 }
 
 TEST(OpTimingCache, SavesLoadsAndRejectsBadFiles) {
