@@ -1,8 +1,9 @@
-// RMSNorm on the GPU: one block per row for the forward and the input gradient, 8 elements per
-// thread through 16-byte loads and stores where the row allows it (one element per thread
-// otherwise), with the optional amax of what they store reduced in the same pass (float8
-// fusion); the weight gradient sums rows in fixed chunks (partials in the reduction scratch), so
-// it is deterministic.
+// RMSNorm on the GPU: one block per row for the forward, 8 elements per thread through 16-byte
+// loads and stores where the row allows it (one element per thread otherwise), with the optional
+// amax of what they store reduced in the same pass (float8 fusion). The backward sums the weight
+// gradient over fixed chunks of rows (partials in the reduction scratch, then summed per column in
+// a fixed order), so it is deterministic; with vector access it does so in the same pass as the
+// input gradient, a block per chunk, reading x and dy once.
 #include <algorithm>
 
 #include "cuda/cuda_common.cuh"
@@ -142,12 +143,81 @@ __global__ void rmsnorm_weight_partials(const T* input, const float* rstd, const
   partials[blockIdx.y * dim + d] = sum;
 }
 
+// The input gradient as rmsnorm_backward_rows (the same arithmetic in the same order), for the
+// rows of one chunk in order, and the chunk's weight-gradient partials as rmsnorm_weight_partials,
+// summed in registers from the same loads: x and dy are read from memory once. Each thread owns
+// Vectors 16-byte column groups (threadIdx.x + j * blockDim.x); rows up to Vectors * 8 * blockDim.x.
+template <typename T, int Vectors>
+__global__ void __launch_bounds__(1024) rmsnorm_backward_chunks(const T* input, const T* weight, const float* rstd, const T* grad_out,
+                                        T* grad_input, float* partials, int64_t rows, int64_t dim,
+                                        int64_t rows_per_chunk, bool accumulate, uint32_t* amax_bits) {
+  __shared__ float shared[32];
+  const int64_t groups = dim / kVector;
+  const int64_t first = blockIdx.x * rows_per_chunk, last = min(rows, first + rows_per_chunk);
+  float sum[Vectors][kVector] = {};
+  uint32_t maximum = 0;
+  for (int64_t r = first; r < last; ++r) {
+    const int64_t offset = r * dim;
+    const T *x = input + offset, *dy = grad_out + offset;
+    T* dx = grad_input + offset;
+    float dot = 0;
+#pragma unroll
+    for (int j = 0; j < Vectors; ++j) {
+      const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
+      if (v >= groups) break;
+      float a[kVector], w[kVector], g[kVector];
+      load_vector(x + v * kVector, a);
+      load_vector(weight + v * kVector, w);
+      load_vector(dy + v * kVector, g);
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) dot += a[i] * w[i] * g[i];
+    }
+    dot = block_sum(dot, shared);
+    const float inverse = rstd[r];
+    const float correction = inverse * inverse * dot / float(dim);
+#pragma unroll
+    for (int j = 0; j < Vectors; ++j) {
+      const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
+      if (v >= groups) break;
+      float a[kVector], w[kVector], g[kVector], o[kVector];
+      load_vector(x + v * kVector, a);
+      load_vector(weight + v * kVector, w);
+      load_vector(dy + v * kVector, g);
+      if (accumulate) load_vector(dx + v * kVector, o);
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) {
+        float value = inverse * (w[i] * g[i] - a[i] * correction);
+        if (accumulate) value += o[i];
+        o[i] = value;
+        maximum = max(maximum, magnitude_bits(stored_value(value, dx)));
+        sum[j][i] += g[i] * a[i] * inverse;
+      }
+      store_vector(dx + v * kVector, o);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < Vectors; ++j) {
+    const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
+    if (v < groups) store_vector(partials + blockIdx.x * dim + v * kVector, sum[j]);
+  }
+  publish_max(amax_bits, maximum);
+}
+
+// out[d] = sum over chunks of partials[chunk, d], in a fixed order: block (32 columns, kSlices
+// slices); slice s sums chunks s, s + kSlices, ... and the slices are added in order.
+constexpr int kSlices = 32;
 __global__ void sum_partial_columns(const float* partials, float* out, int64_t chunks, int64_t dim) {
-  const int64_t d = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (d >= dim) return;
+  __shared__ float slices[kSlices][33];
+  const int64_t d = blockIdx.x * int64_t(32) + threadIdx.x;
   float sum = 0;
-  for (int64_t c = 0; c < chunks; ++c) sum += partials[c * dim + d];
-  out[d] = sum;
+  if (d < dim)
+    for (int64_t c = threadIdx.y; c < chunks; c += kSlices) sum += partials[c * dim + d];
+  slices[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || d >= dim) return;
+  float total = 0;
+  for (int s = 0; s < kSlices; ++s) total += slices[s][threadIdx.x];
+  out[d] = total;
 }
 
 }  // namespace
@@ -193,7 +263,18 @@ void rmsnorm_backward(CudaContext& context, const RmsNormBackwardArgs& args) {
     fail(ErrorKind::internal, "cuda rmsnorm_backward: dimension " + std::to_string(dim) +
                                   " exceeds the reduction scratch; expected at most " +
                                   std::to_string(kReduceScratchBytes / sizeof(float)) + " columns");
-  const int64_t chunks = std::min<int64_t>({max_chunks, 128, rows});
+  const bool vectorized = dim % kVector == 0 && aligned16(args.input.data) && aligned16(args.weight.data) &&
+                          aligned16(args.grad_out.data) && aligned16(args.grad_input.data);
+  // One pass (a block per chunk, about four per multiprocessor; a thread per 16-byte column group,
+  // up to 1024 threads, two groups per thread beyond: rows up to 16384) where a thread's groups fit
+  // its registers; else a block per row for the input gradient and a second read for the weight's. (With 256
+  // threads and two groups each, 8B's rows ran the one pass no faster than the two.)
+  const int64_t groups = dim / kVector;
+  const int64_t chunk_threads = std::min<int64_t>(1024, (groups + 31) / 32 * 32);
+  const int64_t groups_per_thread = (groups + chunk_threads - 1) / chunk_threads;
+  const bool one_pass = vectorized && groups_per_thread <= 2;  // 1024 threads hold two groups' sums
+  const int64_t chunk_target = one_pass ? 4 * int64_t(context.multiprocessors > 0 ? context.multiprocessors : 132) : 128;
+  const int64_t chunks = std::min<int64_t>({max_chunks, chunk_target, rows});
   const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
   const int64_t used_chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
   uint32_t* amax_bits = amax_target(context, args.amax, op, "amax");
@@ -201,12 +282,22 @@ void rmsnorm_backward(CudaContext& context, const RmsNormBackwardArgs& args) {
     SMELT_CUDA_CHECK(cudaMemsetAsync(args.grad_weight.data, 0, size_t(dim) * sizeof(float), context.stream));
     return;
   }
-  const bool vectorized = dim % kVector == 0 && aligned16(args.input.data) && aligned16(args.weight.data) &&
-                          aligned16(args.grad_out.data) && aligned16(args.grad_input.data);
   dispatch_activation(args.input.dtype, op, [&](auto element) {
     using T = decltype(element);
     for (const TensorView* t : {&args.weight, &args.grad_out, &args.grad_input}) expect_dtype(*t, args.input.dtype, op, "activation");
-    if (rows > 0) {
+    const dim3 sum_grid(unsigned((dim + 31) / 32)), sum_block(32, kSlices);
+    if (one_pass) {
+      auto kernel = groups_per_thread <= 1 ? rmsnorm_backward_chunks<T, 1> : rmsnorm_backward_chunks<T, 2>;
+      kernel<<<unsigned(used_chunks), unsigned(chunk_threads), 0, context.stream>>>(
+          args.input.as<T>(), args.weight.as<T>(), args.rstd.as<float>(), args.grad_out.as<T>(), args.grad_input.as<T>(),
+          context.reduce_scratch(), rows, dim, rows_per_chunk, args.accumulate, amax_bits);
+      SMELT_CUDA_LAUNCH_CHECK("rmsnorm_backward_chunks");
+      sum_partial_columns<<<sum_grid, sum_block, 0, context.stream>>>(context.reduce_scratch(),
+                                                                      args.grad_weight.as<float>(), used_chunks, dim);
+      SMELT_CUDA_LAUNCH_CHECK("sum_partial_columns");
+      return;
+    }
+    {
       auto kernel = vectorized ? rmsnorm_backward_rows<T, true> : rmsnorm_backward_rows<T, false>;
       kernel<<<unsigned(rows), kThreads, 0, context.stream>>>(args.input.as<T>(), args.weight.as<T>(),
                                                               args.rstd.as<float>(), args.grad_out.as<T>(),
@@ -220,8 +311,8 @@ void rmsnorm_backward(CudaContext& context, const RmsNormBackwardArgs& args) {
     partials<<<grid, kThreads, 0, context.stream>>>(args.input.as<T>(), args.rstd.as<float>(), args.grad_out.as<T>(),
                                                     context.reduce_scratch(), rows, dim, rows_per_chunk);
     SMELT_CUDA_LAUNCH_CHECK("rmsnorm_weight_partials");
-    sum_partial_columns<<<unsigned((dim + kThreads - 1) / kThreads), kThreads, 0, context.stream>>>(
-        context.reduce_scratch(), args.grad_weight.as<float>(), used_chunks, dim);
+    sum_partial_columns<<<sum_grid, sum_block, 0, context.stream>>>(context.reduce_scratch(),
+                                                                    args.grad_weight.as<float>(), used_chunks, dim);
     SMELT_CUDA_LAUNCH_CHECK("sum_partial_columns");
   });
 }

@@ -242,9 +242,10 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
       for (Gradient g : info.gradient_reads) bytes += gradient_bytes(g);
       for (Gradient g : info.gradient_writes) bytes += gradient_bytes(g);
       if (op == BackwardOp::down_proj || op == BackwardOp::o_proj) bytes += stream;           // reads d residual
-      // The norms add to the residual gradient (read, write) and read x and dy again for the weight's
-      // partial sums.
-      if (op == BackwardOp::ffn_norm || op == BackwardOp::attn_norm) bytes += 4 * stream, launches += 2;
+      // The norms add to the residual gradient (read, write), and sum the weight's partials from the
+      // same reads (rows up to 16384 wide; wider ones read x and dy again).
+      if (op == BackwardOp::ffn_norm || op == BackwardOp::attn_norm)
+        bytes += (m.dim <= 16384 ? 2 : 4) * stream, launches += 2;
       if (op == BackwardOp::attention) flop_rate = attention_flops(c, m.head_dim(), true), launches += 1;
       if (auto w = linear_weight(forward_op_of(op))) {
         launches += 1;  // grad-input and grad-weight GEMMs

@@ -190,6 +190,9 @@ class CudaOpsTest : public ::testing::Test {
     cuda_->copy_to_host(host.view.data, device);
     return host;
   }
+  // Gives the whole test arena back: every view handed out so far must be dead (a loop over cases
+  // calls it first thing in each case).
+  void rewind_arena() { used_ = 0; }
   TensorView allocate(DType dtype, Shape shape) {
     const size_t bytes = (size_t(shape.numel()) * dtype_size(dtype) + 255) / 256 * 256;
     if (used_ + bytes > kArenaBytes) ADD_FAILURE() << "test arena too small";

@@ -104,15 +104,20 @@ TEST_F(CudaOps, EmbeddingForwardAndBackwardMatchCpu) {
   }
 }
 
-// Both the 16-byte vector path (dim 320) and the element-wise one (dim 99: not a multiple of 8).
-// The amax each pass takes of what it stores (float8 fusion "full") equals, bit for bit, a
+// The 16-byte vector path (dim 320 and 2056: the backward in one pass over chunks of rows, a
+// 16-byte column group per thread; dim 16376: 1024 threads, two groups for most; dim 16392: too
+// wide for one pass, a block per row and a second read for the weight gradient) and the
+// element-wise one (dim 99: not a multiple of 8). The amax each pass takes of what it stores (float8 fusion "full") equals, bit for bit, a
 // standalone amax pass over its output.
+// 1100 rows make chunks of several rows (and a shorter last one) in the one-pass backward; the wide
+// rows take 257, as the arena holds one case at a time.
 TEST_F(CudaOps, RmsNormForwardAndBackwardMatchCpu) {
-  const int64_t rows = 257;
-  for (int64_t dim : {int64_t(320), int64_t(99)})
+  for (int64_t dim : {int64_t(320), int64_t(2056), int64_t(16376), int64_t(16392), int64_t(99)})
   for (DType dtype : kActivationTypes)
     for (bool accumulate : {false, true}) {
-      SCOPED_TRACE("dim " + std::to_string(dim));
+      rewind_arena();  // each case's tensors are its own
+      const int64_t rows = dim > 4096 ? 257 : 1100;
+      SCOPED_TRACE("dim " + std::to_string(dim) + ", rows " + std::to_string(rows));
       HostTensor x = random_tensor(dtype, Shape{rows, dim}, 10), weight = random_tensor(dtype, Shape{dim}, 11);
       HostTensor grad_out = random_tensor(dtype, Shape{rows, dim}, 12), prior = random_tensor(dtype, Shape{rows, dim}, 13);
       HostTensor out = nan_tensor(dtype, Shape{rows, dim}), rstd = nan_tensor(DType::f32, Shape{rows});
