@@ -17,7 +17,7 @@ namespace smelt {
 
 void add_plan_command_options(CLI::App& command, PlanCommandOptions& options, PlanTargetOptions& target) {
   command.add_option("--format", options.format, "text or json")->check(CLI::IsMember({"text", "json"}));
-  command.add_flag("--steps", options.list_steps, "List every step of the plan");
+  command.add_flag("--steps", options.list_steps, "List every step of the plan: FLOPs, predicted time, live memory");
   command.add_option("--memory-budget-gb", options.memory_budget_gb,
                      "Arena budget in GB (default: activation_checkpoint.memory_budget_gb, else GPU memory minus a margin)");
   command.add_option("--gpu", target.gpu, "Device the cost model and memory default describe: h200 or h100")
@@ -99,7 +99,7 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
     write_text_file(target_options.timeline_json, memory_timeline_json(plan, title).dump(1) + "\n");
 
   if (options.format == "json") {
-    nlohmann::json j = plan_to_json(plan, options.list_steps);
+    nlohmann::json j = plan_to_json(plan, options.list_steps, &cost);
     nlohmann::json comparison = nlohmann::json::array(), automatic = nullptr;
     for (const auto& row : rows) {
       nlohmann::json r = {{"policy", row.name},
@@ -122,7 +122,7 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
     return 0;
   }
 
-  std::cout << format_plan(plan, options.list_steps);
+  std::cout << format_plan(plan, options.list_steps, &cost);
   char line[512];
   std::cout << "predicted: " << format_prediction(plan, time) << "\n";
   std::snprintf(line, sizeof line, "device:    %s ceilings%s, %.1f GB memory; budget %.2f GB (%s)\n",

@@ -182,7 +182,7 @@ std::string compute_copy_summary(const StepPlan& plan) {
 
 }  // namespace
 
-std::string format_plan(const StepPlan& plan, bool list_steps) {
+std::string format_plan(const StepPlan& plan, bool list_steps, const CostModel* cost) {
   std::ostringstream out;
   char line[512];
   out << "model:   " << describe(plan.model) << "\n";
@@ -257,12 +257,14 @@ std::string format_plan(const StepPlan& plan, bool list_steps) {
   out << line;
 
   if (list_steps) {
-    out << "\nsteps:\n";
+    out << "\nsteps:" << (cost ? " (predicted time, then live memory)" : "") << "\n";
     for (size_t s = 0; s < plan.steps.size(); ++s) {
       size_t live = 0;
       for (size_t c = 0; c < kClassCount; ++c) live += plan.memory.live_by_class[s][c];
-      std::snprintf(line, sizeof line, "  %4zu  %-52s %10.3g FLOP  live %s\n", s, plan.steps[s].name().c_str(),
-                    plan.steps[s].flops, format_bytes(live).c_str());
+      char time[32] = "";
+      if (cost) std::snprintf(time, sizeof time, "  %8.3f ms", cost->step_seconds(plan.steps[s], plan.model, plan.options) * 1e3);
+      std::snprintf(line, sizeof line, "  %4zu  %-52s %10.3g FLOP%s  live %s\n", s, plan.steps[s].name().c_str(),
+                    plan.steps[s].flops, time, format_bytes(live).c_str());
       out << line;
     }
   }
@@ -329,7 +331,7 @@ std::string fit_description(size_t arena_bytes, double budget_bytes) {
   return line;
 }
 
-nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps) {
+nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps, const CostModel* cost) {
   nlohmann::json j;
   j["model"] = {{"flavor", plan.model.flavor},       {"dim", plan.model.dim},
                 {"n_layers", plan.model.n_layers},   {"n_heads", plan.model.n_heads},
@@ -379,7 +381,11 @@ nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps) {
   }
   if (list_steps) {
     nlohmann::json steps = nlohmann::json::array();
-    for (const auto& s : plan.steps) steps.push_back({{"name", s.name()}, {"flops", s.flops}});
+    for (const auto& s : plan.steps) {
+      nlohmann::json step = {{"name", s.name()}, {"flops", s.flops}};
+      if (cost) step["predicted_ms"] = cost->step_seconds(s, plan.model, plan.options) * 1e3;
+      steps.push_back(step);
+    }
     j["steps"] = steps;
   }
   return j;

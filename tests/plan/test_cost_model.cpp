@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/random.h"
 #include "plan/cost_model.h"
@@ -170,6 +172,32 @@ TEST(CostModel, Float8LinearsCountTheCastsTheyMake) {
     ++compared;
   }
   EXPECT_EQ(compared, 1);
+}
+
+// `smelt plan --steps` lists each step's predicted time: the same the prediction sums.
+TEST(CostModel, EachListedStepCarriesItsPredictedTime) {
+  testing_support::FreshRandom random;
+  const ModelConfig model = proxy(1 + int64_t(random.below(3)));
+  PlanOptions o = options(random.below(2) == 0 ? "selective-op" : "none");
+  if (random.below(2) == 0) o.float8.recipe = Float8Recipe::tensorwise;
+  const CostModel cost(h200_ceilings(), o.float8.recipe != Float8Recipe::none);
+  const StepPlan plan = build_step_plan(model, o);
+  const nlohmann::json j = plan_to_json(plan, true, &cost);
+  ASSERT_EQ(j["steps"].size(), plan.steps.size());
+  double sum = 0;
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    const double ms = j["steps"][i]["predicted_ms"].get<double>();
+    EXPECT_NEAR(ms, cost.step_seconds(plan.steps[i], model, o) * 1e3, 1e-9) << plan.steps[i].name();
+    sum += ms;
+  }
+  EXPECT_NEAR(sum, cost.predict(plan).compute_seconds * 1e3, 1e-6);
+  EXPECT_FALSE(plan_to_json(plan, true)["steps"][0].contains("predicted_ms"));
+  // The text lists the same steps with a time each.
+  const std::string text = format_plan(plan, true, &cost);
+  size_t timed = 0;
+  for (size_t at = text.find(" ms  live "); at != std::string::npos; at = text.find(" ms  live ", at + 1)) ++timed;
+  EXPECT_EQ(timed, plan.steps.size());
+  EXPECT_EQ(format_plan(plan, true).find(" ms  live "), std::string::npos);
 }
 
 TEST(CostModel, CalibratedTimingsReplaceTheRoofline) {
