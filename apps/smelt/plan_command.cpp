@@ -99,7 +99,7 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
     write_text_file(target_options.timeline_json, memory_timeline_json(plan, title).dump(1) + "\n");
 
   if (options.format == "json") {
-    nlohmann::json j = plan_to_json(plan, options.list_steps, &cost);
+    nlohmann::json j = plan_to_json(plan, options.list_steps, &time);
     nlohmann::json comparison = nlohmann::json::array(), automatic = nullptr;
     for (const auto& row : rows) {
       nlohmann::json r = {{"policy", row.name},
@@ -122,7 +122,7 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
     return 0;
   }
 
-  std::cout << format_plan(plan, options.list_steps, &cost);
+  std::cout << format_plan(plan, options.list_steps, &time);
   char line[512];
   std::cout << "predicted: " << format_prediction(plan, time) << "\n";
   std::snprintf(line, sizeof line, "device:    %s ceilings%s, %.1f GB memory; budget %.2f GB (%s)\n",

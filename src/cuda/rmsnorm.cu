@@ -266,13 +266,14 @@ void rmsnorm_backward(CudaContext& context, const RmsNormBackwardArgs& args) {
   const bool vectorized = dim % kVector == 0 && aligned16(args.input.data) && aligned16(args.weight.data) &&
                           aligned16(args.grad_out.data) && aligned16(args.grad_input.data);
   // One pass (a block per chunk, about four per multiprocessor; a thread per 16-byte column group,
-  // up to 1024 threads, two groups per thread beyond: rows up to 16384) where a thread's groups fit
-  // its registers; else a block per row for the input gradient and a second read for the weight's. (With 256
+  // up to 1024 threads, two groups per thread beyond) for rows up to kCudaRmsNormOnePassMaxDim;
+  // else a block per row for the input gradient and a second read for the weight's. (With 256
   // threads and two groups each, 8B's rows ran the one pass no faster than the two.)
+  static_assert(kCudaRmsNormOnePassMaxDim == 1024 * 2 * kVector, "one pass: 1024 threads of two column groups");
   const int64_t groups = dim / kVector;
   const int64_t chunk_threads = std::min<int64_t>(1024, (groups + 31) / 32 * 32);
   const int64_t groups_per_thread = (groups + chunk_threads - 1) / chunk_threads;
-  const bool one_pass = vectorized && groups_per_thread <= 2;  // 1024 threads hold two groups' sums
+  const bool one_pass = vectorized && dim <= kCudaRmsNormOnePassMaxDim;
   const int64_t chunk_target = one_pass ? 4 * int64_t(context.multiprocessors > 0 ? context.multiprocessors : 132) : 128;
   const int64_t chunks = std::min<int64_t>({max_chunks, chunk_target, rows});
   const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
@@ -297,13 +298,11 @@ void rmsnorm_backward(CudaContext& context, const RmsNormBackwardArgs& args) {
       SMELT_CUDA_LAUNCH_CHECK("sum_partial_columns");
       return;
     }
-    {
-      auto kernel = vectorized ? rmsnorm_backward_rows<T, true> : rmsnorm_backward_rows<T, false>;
-      kernel<<<unsigned(rows), kThreads, 0, context.stream>>>(args.input.as<T>(), args.weight.as<T>(),
-                                                              args.rstd.as<float>(), args.grad_out.as<T>(),
-                                                              args.grad_input.as<T>(), dim, args.accumulate, amax_bits);
-      SMELT_CUDA_LAUNCH_CHECK("rmsnorm_backward_rows");
-    }
+    auto kernel = vectorized ? rmsnorm_backward_rows<T, true> : rmsnorm_backward_rows<T, false>;
+    kernel<<<unsigned(rows), kThreads, 0, context.stream>>>(args.input.as<T>(), args.weight.as<T>(),
+                                                            args.rstd.as<float>(), args.grad_out.as<T>(),
+                                                            args.grad_input.as<T>(), dim, args.accumulate, amax_bits);
+    SMELT_CUDA_LAUNCH_CHECK("rmsnorm_backward_rows");
     const int64_t columns_per_thread = vectorized ? kVector : 1;
     const int64_t threads = (dim + columns_per_thread - 1) / columns_per_thread;
     const dim3 grid(unsigned((threads + kThreads - 1) / kThreads), unsigned(used_chunks));

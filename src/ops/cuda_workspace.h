@@ -3,6 +3,7 @@
 // its workspace with these functions; nothing here needs the CUDA toolkit.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 #include "ops/backend.h"
 
@@ -14,6 +15,11 @@ constexpr size_t kCudaReduceScratchBytes = size_t(8) << 20;
 // cuDNN's backward plan asks for about one f32 (B, H, T, Dh) buffer of its own (measured on an
 // H200 with cuDNN 9: 128 MiB + 256 bytes at B1 H32 T8192 Dh128); reserved, plus this margin.
 constexpr size_t kCudnnPlanMarginBytes = size_t(32) << 20;
+
+// The widest rows whose RMSNorm backward runs in one pass over x and dy (src/cuda/rmsnorm.cu: up to
+// 1024 threads, two 16-byte column groups each); wider rows read them again for the weight
+// gradient. The cost model counts the same.
+constexpr int64_t kCudaRmsNormOnePassMaxDim = 16384;
 
 constexpr size_t cuda_workspace_align(size_t bytes) { return (bytes + 255) / 256 * 256; }
 

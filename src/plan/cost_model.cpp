@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "ops/cuda_workspace.h"
 
 namespace smelt {
 
@@ -243,9 +244,9 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
       for (Gradient g : info.gradient_writes) bytes += gradient_bytes(g);
       if (op == BackwardOp::down_proj || op == BackwardOp::o_proj) bytes += stream;           // reads d residual
       // The norms add to the residual gradient (read, write), and sum the weight's partials from the
-      // same reads (rows up to 16384 wide; wider ones read x and dy again).
+      // same reads (wider rows read x and dy again).
       if (op == BackwardOp::ffn_norm || op == BackwardOp::attn_norm)
-        bytes += (m.dim <= 16384 ? 2 : 4) * stream, launches += 2;
+        bytes += (m.dim <= kCudaRmsNormOnePassMaxDim ? 2 : 4) * stream, launches += 2;
       if (op == BackwardOp::attention) flop_rate = attention_flops(c, m.head_dim(), true), launches += 1;
       if (auto w = linear_weight(forward_op_of(op))) {
         launches += 1;  // grad-input and grad-weight GEMMs
@@ -349,6 +350,7 @@ PlanTime CostModel::predict(const StepPlan& plan) const {
     double seconds = roofline_seconds(s, m, o);
     if (cache_)
       if (auto cached = cache_->find(ceilings_.gpu_name, op_timing_key(s), shape_key)) seconds = *cached, ++t.calibrated_steps;
+    t.step_seconds.push_back(seconds);
     t.compute_seconds += seconds;
     if (s.kind == StepKind::layer_recompute) t.recompute_seconds += seconds;
     if (s.kind == StepKind::layer_forward) forward[s.layer] += seconds;

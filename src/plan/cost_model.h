@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "plan/step_plan.h"
 
@@ -64,6 +65,7 @@ struct PlanTime {
   double communication_seconds = 0;  // all-gather / reduce-scatter traffic (sharded plans)
   double exposed_communication_seconds = 0;  // the part not hidden behind compute
   double tokens_per_second = 0;    // per GPU
+  std::vector<double> step_seconds;  // each plan step's time, in plan order (compute_seconds is their sum)
   int calibrated_steps = 0;        // steps timed from the cache rather than the ceilings
   bool timing_cache = false;       // a cache was given (it may match none of the plan's steps)
 };

@@ -182,7 +182,7 @@ std::string compute_copy_summary(const StepPlan& plan) {
 
 }  // namespace
 
-std::string format_plan(const StepPlan& plan, bool list_steps, const CostModel* cost) {
+std::string format_plan(const StepPlan& plan, bool list_steps, const PlanTime* time) {
   std::ostringstream out;
   char line[512];
   out << "model:   " << describe(plan.model) << "\n";
@@ -257,14 +257,15 @@ std::string format_plan(const StepPlan& plan, bool list_steps, const CostModel* 
   out << line;
 
   if (list_steps) {
-    out << "\nsteps:" << (cost ? " (predicted time, then live memory)" : "") << "\n";
+    const bool timed = time && time->step_seconds.size() == plan.steps.size();
+    out << "\nsteps:" << (timed ? " (predicted time, then live memory)" : "") << "\n";
     for (size_t s = 0; s < plan.steps.size(); ++s) {
       size_t live = 0;
       for (size_t c = 0; c < kClassCount; ++c) live += plan.memory.live_by_class[s][c];
-      char time[32] = "";
-      if (cost) std::snprintf(time, sizeof time, "  %8.3f ms", cost->step_seconds(plan.steps[s], plan.model, plan.options) * 1e3);
+      char predicted[32] = "";
+      if (timed) std::snprintf(predicted, sizeof predicted, "  %8.3f ms", time->step_seconds[s] * 1e3);
       std::snprintf(line, sizeof line, "  %4zu  %-52s %10.3g FLOP%s  live %s\n", s, plan.steps[s].name().c_str(),
-                    plan.steps[s].flops, time, format_bytes(live).c_str());
+                    plan.steps[s].flops, predicted, format_bytes(live).c_str());
       out << line;
     }
   }
@@ -331,7 +332,7 @@ std::string fit_description(size_t arena_bytes, double budget_bytes) {
   return line;
 }
 
-nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps, const CostModel* cost) {
+nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps, const PlanTime* time) {
   nlohmann::json j;
   j["model"] = {{"flavor", plan.model.flavor},       {"dim", plan.model.dim},
                 {"n_layers", plan.model.n_layers},   {"n_heads", plan.model.n_heads},
@@ -381,9 +382,10 @@ nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps, const CostMod
   }
   if (list_steps) {
     nlohmann::json steps = nlohmann::json::array();
-    for (const auto& s : plan.steps) {
-      nlohmann::json step = {{"name", s.name()}, {"flops", s.flops}};
-      if (cost) step["predicted_ms"] = cost->step_seconds(s, plan.model, plan.options) * 1e3;
+    const bool timed = time && time->step_seconds.size() == plan.steps.size();
+    for (size_t i = 0; i < plan.steps.size(); ++i) {
+      nlohmann::json step = {{"name", plan.steps[i].name()}, {"flops", plan.steps[i].flops}};
+      if (timed) step["predicted_ms"] = time->step_seconds[i] * 1e3;
       steps.push_back(step);
     }
     j["steps"] = steps;

@@ -18,10 +18,10 @@ std::string plan_summary_line(const StepPlan& plan);
 std::string parallel_layout(const StepPlan& plan);
 std::string communication_summary(const StepPlan& plan);
 // The memory breakdown by class (sizes and what is live at the peak), per-layer kept activations,
-// recompute FLOPs; with `list_steps`, every step with its FLOPs and live memory, and with `cost`
-// the time it predicts for each (ms).
-std::string format_plan(const StepPlan& plan, bool list_steps, const CostModel* cost = nullptr);
-nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps, const CostModel* cost = nullptr);
+// recompute FLOPs; with `list_steps`, every step with its FLOPs and live memory, and with `time`
+// (the plan's prediction) the time predicted for each (ms).
+std::string format_plan(const StepPlan& plan, bool list_steps, const PlanTime* time = nullptr);
+nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps, const PlanTime* time = nullptr);
 
 // "1.234 s/step (compute 1.10 s, of which recompute 0.10 s; exposed communication 0.03 s): 6,640 tokens/s
 // per GPU, 26,560 over 4 GPUs, MFU 49.6%"; MFU by torchtitan's count against `peak_flops` (989 TFLOPS).

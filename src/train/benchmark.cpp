@@ -90,8 +90,7 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
     r.label += std::to_string(ranks.world_size) + " " + ranks.communicator->name();
   }
   r.predicted_bytes = plan.memory.arena_bytes;
-  const CostModel cost = setup.cost_model();
-  const PlanTime predicted = cost.predict(plan);
+  const PlanTime predicted = setup.cost_model().predict(plan);
   r.predicted_step_ms = predicted.seconds * 1e3;
   log << "bench: " << describe(setup.model) << "\n" << "plan: " << plan_summary_line(plan) << "\n" << std::flush;
 
@@ -167,9 +166,8 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   }
   if (tracing && options.report) {
     // Each step's time as the planner predicts it, for the summary's comparison.
-    std::vector<double> predicted_ms(plan.steps.size());
-    for (size_t i = 0; i < plan.steps.size(); ++i)
-      predicted_ms[i] = cost.step_seconds(plan.steps[i], setup.model, plan.options) * 1e3;
+    std::vector<double> predicted_ms;
+    for (double seconds : predicted.step_seconds) predicted_ms.push_back(seconds * 1e3);
     for (size_t i = 0; i < windows.size(); ++i)  // means over the traced steps
       windows[i] = windowed[i] == 0 ? std::pair{-1.0, -1.0}
                                     : std::pair{windows[i].first / windowed[i], windows[i].second / windowed[i]};

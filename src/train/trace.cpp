@@ -108,7 +108,10 @@ std::string trace_summary(const StepPlan& plan, const std::vector<double>& ms, c
                   tflops, prediction(t).c_str());
     out += line;
   }
-  std::snprintf(line, sizeof line, "%-44s %9.3f %6s %6s %9s%s\n", "total", all.ms, "", "", "", prediction(all).c_str());
+  if (with_prediction)  // the prediction under its column
+    std::snprintf(line, sizeof line, "%-44s %9.3f %6s %6s %9s%s\n", "total", all.ms, "", "", "", prediction(all).c_str());
+  else
+    std::snprintf(line, sizeof line, "%-44s %9.3f\n", "total", all.ms);
   return out + line;
 }
 
