@@ -312,6 +312,11 @@ void validate_config(const JobConfig& config) {
                                 ", data_parallel_shard_degree = " +
                                 std::to_string(config.parallelism.data_parallel_shard_degree) +
                                 "; set output_weight_copy to auto");
+  if (training.global_batch_size > 0 && training.global_batch_size % training.local_batch_size != 0)
+    fail(ErrorKind::config, origin + ": training.global_batch_size (" + std::to_string(training.global_batch_size) +
+                                ") must be a multiple of training.local_batch_size (" +
+                                std::to_string(training.local_batch_size) +
+                                "): each step runs global / local forward-backward passes; pick a multiple, or -1");
   if (training.linear_grad_dtype == "bfloat16" && training.mixed_precision_param != "bfloat16")
     fail(ErrorKind::config, origin + ": training.linear_grad_dtype = \"bfloat16\" needs training.mixed_precision_param = "
                                 "\"bfloat16\", found \"" + training.mixed_precision_param +

@@ -35,6 +35,7 @@ struct ModelSection {
 
 struct TrainingSection {
   int64_t local_batch_size = 8;
+  int64_t global_batch_size = -1;        // sequences per optimizer step over all ranks; -1: local x ranks
   int64_t seq_len = 256;
   int64_t steps = 300;
   double max_norm = 1.0;                 // global gradient-norm clip; 0 disables

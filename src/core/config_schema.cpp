@@ -155,6 +155,11 @@ std::vector<ConfigField> config_schema() {
 
       bind("training", "local_batch_size", &C::training, &TrainingSection::local_batch_size,
            "sequences per step on each device", at_least(1)),
+      bind("training", "global_batch_size", &C::training, &TrainingSection::global_batch_size,
+           "sequences per optimizer step over all ranks; -1: local_batch_size x data-parallel ranks. A "
+           "multiple of that accumulates gradients over global_batch_size / (local_batch_size x ranks) "
+           "forward-backward passes per step, in the memory of one (runs of one rank)",
+           ConfigRule{.minimum = 1.0, .sentinel = -1.0}),
       bind("training", "seq_len", &C::training, &TrainingSection::seq_len, "tokens per sequence",
            at_least(1)),
       bind("training", "steps", &C::training, &TrainingSection::steps, "optimizer steps to train",

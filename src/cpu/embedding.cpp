@@ -1,6 +1,6 @@
 // CPU token embedding: forward gathers table rows by token id (an f32 table into a bf16 output
-// rounds each element once); backward scatter-adds output gradients into a zeroed f32 (f64 in
-// tests) table gradient.
+// rounds each element once); backward scatter-adds output gradients into the f32 (f64 in tests)
+// table gradient, zeroed first unless the microbatch adds to it (gradient accumulation).
 #include <algorithm>
 #include <string>
 #include <type_traits>
@@ -47,9 +47,11 @@ void backward(const EmbeddingBackwardArgs& args) {
   const int32_t* ids = args.tokens.as<int32_t>();
   const Storage* grad_out = args.grad_out.as<Storage>();
   Acc* grad_table = args.grad_table.as<Acc>();
+  if (!args.accumulate) {
 #pragma omp parallel for schedule(static)
-  for (int64_t row = 0; row < vocabulary; ++row)
-    for (int64_t d = 0; d < dim; ++d) grad_table[row * dim + d] = 0;
+    for (int64_t row = 0; row < vocabulary; ++row)
+      for (int64_t d = 0; d < dim; ++d) grad_table[row * dim + d] = 0;
+  }
   const int64_t blocks = (dim + kColumnBlock - 1) / kColumnBlock;
 #pragma omp parallel for schedule(static)
   for (int64_t block = 0; block < blocks; ++block) {

@@ -69,7 +69,8 @@ void backward(const RmsNormBackwardArgs& args) {
       const Acc inverse = rstd[r];
       for (int64_t d = first; d < last; ++d) sums[d - first] += load(dy, r * dim + d) * load(x, r * dim + d) * inverse;
     }
-    for (int64_t d = first; d < last; ++d) dw[d] = sums[d - first];
+    // Gradient accumulation adds this microbatch's whole sum to what is there.
+    for (int64_t d = first; d < last; ++d) dw[d] = sums[d - first] + (args.accumulate_weight ? dw[d] : Acc(0));
   }
 }
 

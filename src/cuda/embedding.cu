@@ -105,7 +105,8 @@ void embedding_backward(CudaContext& context, const EmbeddingBackwardArgs& args)
   expect_dtype(args.grad_table, DType::f32, op, "grad_table");
   const int64_t count = args.tokens.numel(), dim = args.grad_table.cols();
   expect_numel(args.grad_out, count * dim, op, "grad_out");
-  SMELT_CUDA_CHECK(cudaMemsetAsync(args.grad_table.data, 0, args.grad_table.bytes(), context.stream));
+  if (!args.accumulate)  // gradient accumulation: later microbatches add to the rows
+    SMELT_CUDA_CHECK(cudaMemsetAsync(args.grad_table.data, 0, args.grad_table.bytes(), context.stream));
   dispatch_activation(args.grad_out.dtype, op, [&](auto element) {
     using T = decltype(element);
     // One block per position (those that are not a token's first occurrence return at once).

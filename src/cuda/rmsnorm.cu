@@ -203,10 +203,11 @@ __global__ void __launch_bounds__(1024) rmsnorm_backward_chunks(const T* input, 
   publish_max(amax_bits, maximum);
 }
 
-// out[d] = sum over chunks of partials[chunk, d], in a fixed order: block (32 columns, kSlices
-// slices); slice s sums chunks s, s + kSlices, ... and the slices are added in order.
+// out[d] (+)= sum over chunks of partials[chunk, d], in a fixed order: block (32 columns, kSlices
+// slices); slice s sums chunks s, s + kSlices, ... and the slices are added in order; accumulate
+// (gradient accumulation) then adds the total to what out holds.
 constexpr int kSlices = 32;
-__global__ void sum_partial_columns(const float* partials, float* out, int64_t chunks, int64_t dim) {
+__global__ void sum_partial_columns(const float* partials, float* out, int64_t chunks, int64_t dim, bool accumulate) {
   __shared__ float slices[kSlices][33];
   const int64_t d = blockIdx.x * int64_t(32) + threadIdx.x;
   float sum = 0;
@@ -217,7 +218,7 @@ __global__ void sum_partial_columns(const float* partials, float* out, int64_t c
   if (threadIdx.y != 0 || d >= dim) return;
   float total = 0;
   for (int s = 0; s < kSlices; ++s) total += slices[s][threadIdx.x];
-  out[d] = total;
+  out[d] = accumulate ? out[d] + total : total;
 }
 
 }  // namespace
@@ -279,8 +280,9 @@ void rmsnorm_backward(CudaContext& context, const RmsNormBackwardArgs& args) {
   const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
   const int64_t used_chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
   uint32_t* amax_bits = amax_target(context, args.amax, op, "amax");
-  if (rows == 0) {  // no rows: a zero weight gradient
-    SMELT_CUDA_CHECK(cudaMemsetAsync(args.grad_weight.data, 0, size_t(dim) * sizeof(float), context.stream));
+  if (rows == 0) {  // no rows: a zero weight gradient (nothing to add when accumulating)
+    if (!args.accumulate_weight)
+      SMELT_CUDA_CHECK(cudaMemsetAsync(args.grad_weight.data, 0, size_t(dim) * sizeof(float), context.stream));
     return;
   }
   dispatch_activation(args.input.dtype, op, [&](auto element) {
@@ -294,7 +296,8 @@ void rmsnorm_backward(CudaContext& context, const RmsNormBackwardArgs& args) {
           context.reduce_scratch(), rows, dim, rows_per_chunk, args.accumulate, amax_bits);
       SMELT_CUDA_LAUNCH_CHECK("rmsnorm_backward_chunks");
       sum_partial_columns<<<sum_grid, sum_block, 0, context.stream>>>(context.reduce_scratch(),
-                                                                      args.grad_weight.as<float>(), used_chunks, dim);
+                                                                      args.grad_weight.as<float>(), used_chunks, dim,
+                                                                      args.accumulate_weight);
       SMELT_CUDA_LAUNCH_CHECK("sum_partial_columns");
       return;
     }
@@ -311,7 +314,8 @@ void rmsnorm_backward(CudaContext& context, const RmsNormBackwardArgs& args) {
                                                     context.reduce_scratch(), rows, dim, rows_per_chunk);
     SMELT_CUDA_LAUNCH_CHECK("rmsnorm_weight_partials");
     sum_partial_columns<<<sum_grid, sum_block, 0, context.stream>>>(context.reduce_scratch(),
-                                                                    args.grad_weight.as<float>(), used_chunks, dim);
+                                                                    args.grad_weight.as<float>(), used_chunks, dim,
+                                                                      args.accumulate_weight);
     SMELT_CUDA_LAUNCH_CHECK("sum_partial_columns");
   });
 }

@@ -472,7 +472,7 @@ void float8_linear_forward(Backend& backend, Float8Recipe recipe, const Float8Sc
 void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8Scratch& scratch,
                             const Float8LinearState& state, const TensorView& x, const TensorView& weight,
                             const TensorView& grad_output, const TensorView& grad_input, bool accumulate_grad_input,
-                            const TensorView& grad_weight, Float8InputReuse* reuse) {
+                            const TensorView& grad_weight, Float8InputReuse* reuse, bool accumulate_grad_weight) {
   if (reuse) reuse->input.step = 0;  // dy is cast into the slot that held x
   const QuantizedOperand& saved = state.saved_input;
   const int64_t tokens = grad_output.rows();
@@ -521,6 +521,7 @@ void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8S
     g.transpose_a = true;
     g.b = x;
     g.out = grad_weight;
+    g.accumulate = accumulate_grad_weight;
     backend.gemm(g);
     return;
   }
@@ -549,7 +550,8 @@ void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8S
     x_transposed = quantize_operand(backend, x, true, weight_cast.b, scratch.input_transposed);
   }
   if (reuse && saved.values.empty()) remember(reuse, reuse->input_transposed, x, scratch.input_transposed);
-  float8_gemm(backend, dy_transposed, x_transposed, weight_cast.fast_accumulation, grad_weight, {}, false);
+  float8_gemm(backend, dy_transposed, x_transposed, weight_cast.fast_accumulation, grad_weight, {},
+              accumulate_grad_weight);
 }
 
 }  // namespace smelt

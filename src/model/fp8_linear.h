@@ -226,6 +226,7 @@ void float8_linear_forward(Backend& backend, Float8Recipe recipe, const Float8Sc
 void float8_linear_backward(Backend& backend, Float8Recipe recipe, const Float8Scratch& scratch,
                             const Float8LinearState& state, const TensorView& x, const TensorView& weight,
                             const TensorView& grad_output, const TensorView& grad_input, bool accumulate_grad_input,
-                            const TensorView& grad_weight, Float8InputReuse* reuse = nullptr);
+                            const TensorView& grad_weight, Float8InputReuse* reuse = nullptr,
+                            bool accumulate_grad_weight = false);
 
 }  // namespace smelt

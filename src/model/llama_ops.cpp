@@ -32,9 +32,9 @@ void linear(Backend& backend, const TensorView& x, const TensorView& w, const Te
   backend.gemm(g);
 }
 
-// dx (=|+=) dy @ W ; dW = dy^T @ x
+// dx (=|+=) dy @ W ; dW (=|+=) dy^T @ x
 void linear_backward(Backend& backend, const TensorView& x, const TensorView& w, const TensorView& dy,
-                     const TensorView& dx, bool accumulate_dx, const TensorView& dw) {
+                     const TensorView& dx, bool accumulate_dx, const TensorView& dw, bool accumulate_dw) {
   GemmArgs input_grad;
   input_grad.a = dy;
   input_grad.b = w;
@@ -46,6 +46,7 @@ void linear_backward(Backend& backend, const TensorView& x, const TensorView& w,
   weight_grad_args.transpose_a = true;
   weight_grad_args.b = x;
   weight_grad_args.out = dw;
+  weight_grad_args.accumulate = accumulate_dw;
   backend.gemm(weight_grad_args);
 }
 
@@ -63,9 +64,10 @@ void linear_backward(const LayerViews& v, const ModelContext& c, W w, const Tens
                      const TensorView& dx, bool accumulate_dx) {
   if (float8(v, c, w))
     float8_linear_backward(c.backend, c.float8_recipe, c.float8_scratch, v.float8_state[static_cast<int>(w)], x,
-                           weight(v, w), dy, dx, accumulate_dx, weight_grad(v, w), c.float8_reuse);
+                           weight(v, w), dy, dx, accumulate_dx, weight_grad(v, w), c.float8_reuse,
+                           c.accumulate_gradients);
   else
-    linear_backward(c.backend, x, weight(v, w), dy, dx, accumulate_dx, weight_grad(v, w));
+    linear_backward(c.backend, x, weight(v, w), dy, dx, accumulate_dx, weight_grad(v, w), c.accumulate_gradients);
 }
 
 TensorView heads_view(const TensorView& x, int64_t heads, int64_t head_dim) {
@@ -163,6 +165,7 @@ void run_backward_op(BackwardOp op, const LayerViews& v, const ModelContext& c) 
       r.grad_input = v.residual_gradient;
       r.accumulate = true;
       r.grad_weight = weight_grad(v, W::ffn_norm);
+      r.accumulate_weight = c.accumulate_gradients;
       r.amax = v.ffn_norm_grad_amax;  // wo's dy
       b.rmsnorm_backward(r);
       return;
@@ -209,6 +212,7 @@ void run_backward_op(BackwardOp op, const LayerViews& v, const ModelContext& c) 
       r.grad_input = v.residual_gradient;
       r.accumulate = true;
       r.grad_weight = weight_grad(v, W::attn_norm);
+      r.accumulate_weight = c.accumulate_gradients;
       b.rmsnorm_backward(r);
       return;
     }
@@ -230,8 +234,9 @@ void output_head(const HeadViews& v, const ModelContext& c) {
   Backend& b = c.backend;
   const int64_t tokens = v.final_norm_out.rows();
   const int64_t chunk = v.logits.rows();
-  SMELT_CHECK(v.output_grad.dtype != DType::bf16 || chunk >= tokens,
-              "output head: a bf16 output-projection gradient needs one loss chunk (it is written once, never added to)");
+  SMELT_CHECK(v.output_grad.dtype != DType::bf16 || (chunk >= tokens && c.microbatches == 1),
+              "output head: a bf16 output-projection gradient needs one loss chunk and one microbatch (it is written "
+              "once, never added to)");
   for (int64_t first = 0; first < tokens; first += chunk) {
     const int64_t rows = std::min(chunk, tokens - first);
     TensorView hidden = v.final_norm_out.row_slice(first, rows);
@@ -243,7 +248,7 @@ void output_head(const HeadViews& v, const ModelContext& c) {
     ce.targets = v.targets.reshaped(Shape{tokens, 1}).row_slice(first, rows).reshaped(Shape{rows});
     ce.losses = v.losses.reshaped(Shape{tokens, 1}).row_slice(first, rows).reshaped(Shape{rows});
     ce.grad_logits = grad_logits;
-    ce.grad_scale = 1.0f / static_cast<float>(tokens);
+    ce.grad_scale = 1.0f / static_cast<float>(tokens * c.microbatches);  // the step's mean over every microbatch
     b.cross_entropy(ce);
     GemmArgs input_grad;  // d hidden = d logits @ W_out
     input_grad.a = grad_logits;
@@ -255,7 +260,7 @@ void output_head(const HeadViews& v, const ModelContext& c) {
     weight_grad_args.transpose_a = true;
     weight_grad_args.b = hidden;
     weight_grad_args.out = v.output_grad;
-    weight_grad_args.accumulate = first > 0;
+    weight_grad_args.accumulate = first > 0 || c.accumulate_gradients;
     b.gemm(weight_grad_args);
   }
 }
@@ -269,11 +274,12 @@ void final_norm_backward(const HeadViews& v, const ModelContext& c) {
   r.grad_input = v.residual_gradient;
   r.accumulate = false;
   r.grad_weight = v.final_norm_grad;
+  r.accumulate_weight = c.accumulate_gradients;
   c.backend.rmsnorm_backward(r);
 }
 
 void embedding_backward(const HeadViews& v, const ModelContext& c) {
-  c.backend.embedding_backward({v.tokens, v.residual_gradient, v.embedding_grad});
+  c.backend.embedding_backward({v.tokens, v.residual_gradient, v.embedding_grad, c.accumulate_gradients});
 }
 
 }  // namespace smelt

@@ -19,6 +19,11 @@ struct ModelContext {
   Float8Recipe float8_recipe = Float8Recipe::none;
   Float8Scratch float8_scratch;  // shared by every float8 linear
   Float8InputReuse* float8_reuse = nullptr;  // null: every float8 linear quantises its own input
+  // Gradient accumulation: a step of `microbatches` forward-backward passes. The loss gradient of
+  // each weighs 1 / (its tokens x microbatches); accumulate_gradients: this pass adds its parameter
+  // gradients to those already there (every microbatch after a step's first).
+  int64_t microbatches = 1;
+  bool accumulate_gradients = false;
 };
 
 // Views one block op needs; unused entries stay empty.

@@ -46,7 +46,8 @@ struct EmbeddingForwardArgs {
 struct EmbeddingBackwardArgs {
   TensorView tokens;       // (N) i32
   TensorView grad_out;     // (N, D)
-  TensorView grad_table;   // (V, D) f32, overwritten
+  TensorView grad_table;   // (V, D) f32: overwritten, or added to when accumulate
+  bool accumulate = false;  // gradient accumulation: add this microbatch's rows to what is there
 };
 
 struct RmsNormForwardArgs {
@@ -65,7 +66,8 @@ struct RmsNormBackwardArgs {
   TensorView grad_out;     // (N, D)
   TensorView grad_input;   // (N, D): written, or added to when accumulate
   bool accumulate = false;
-  TensorView grad_weight;  // (D) f32, overwritten
+  TensorView grad_weight;  // (D) f32: overwritten, or added to when accumulate_weight
+  bool accumulate_weight = false;  // gradient accumulation: add this microbatch's sum to what is there
   TensorView amax;         // optional (1) f32: the amax of grad_input as stored (after the add)
 };
 
@@ -135,10 +137,13 @@ struct SumSquaresArgs {
   bool accumulate = false;  // out[0] += ...
 };
 
-// Mean of x over n elements into out[0].
+// weight * mean of x over n elements into out[0], or added to it (a step's loss over its
+// microbatches: each weighs 1 / microbatches).
 struct MeanArgs {
   TensorView x;    // (n) f32
   TensorView out;  // (1) f32
+  bool accumulate = false;  // out[0] += ...
+  float weight = 1;
 };
 
 // One run of a flat parameter range: elements [begin, begin + count), whose compute-dtype copy

@@ -209,6 +209,9 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
   const bool fp8 = float8_linears_ && o.compute_dtype != DType::f32 && o.compute_dtype != DType::f64;
   // Unsharded float8 weights are quantised once per step (the cast_weights step); gathered ones per use.
   const bool sharded = o.shard_degree > 1 || o.shard_single_rank;
+  // Gradient accumulation: the share of a step's passes that add to the gradients (all but the first).
+  const double microbatches = static_cast<double>(std::max<int64_t>(1, o.microbatches));
+  const double later_microbatches = (microbatches - 1) / microbatches;
   double flops = step.flops, flop_rate = c.gemm_flops, bytes = 0, extra_bytes = 0, launches = 1;
 
   switch (step.kind) {
@@ -251,6 +254,7 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
       if (auto w = linear_weight(forward_op_of(op))) {
         launches += 1;  // grad-input and grad-weight GEMMs
         bytes += weight_elements(*w, m) * (width + 4);  // weight read, f32 weight gradient written
+        bytes += weight_elements(*w, m) * 4 * later_microbatches;  // and read, where it is added to
         if (op == BackwardOp::q_proj || op == BackwardOp::k_proj) extra_bytes += 2 * gradient_bytes(info.gradient_reads[0]), launches += 1;
         if (fp8) {  // casts of the output gradient (two layouts from one read, after an amax pass), the
           flop_rate = c.float8_gemm_flops;  // input (transposed; k, v and up take q's and gate's) and a gathered weight
@@ -270,9 +274,9 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
       break;
     }
     case StepKind::embedding_forward: bytes = 2 * stream + tokens * 4; break;
-    case StepKind::embedding_backward:  // zeroes the f32 table gradient, then adds each token's row
+    case StepKind::embedding_backward:  // zeroes the f32 table gradient (a step's first pass), then adds each token's row
       bytes = stream + tokens * static_cast<double>(m.dim) * 8 + tokens * 4 +
-              static_cast<double>(m.vocab_size) * static_cast<double>(m.dim) * 4;
+              static_cast<double>(m.vocab_size) * static_cast<double>(m.dim) * 4 / microbatches;
       launches = 2;
       break;
     case StepKind::final_norm_forward: bytes = 2 * stream + tokens * 4; break;
@@ -345,12 +349,14 @@ PlanTime CostModel::predict(const StepPlan& plan) const {
   t.timing_cache = cache_ != nullptr;
   // Per block: forward time, and recompute + backward time (what collectives can hide behind).
   std::vector<double> forward(m.n_layers, 0.0), backward(m.n_layers, 0.0);
+  const double microbatches = static_cast<double>(std::max<int64_t>(1, o.microbatches));
   double head = 0;
   for (const Step& s : plan.steps) {
     double seconds = roofline_seconds(s, m, o);
     if (cache_)
       if (auto cached = cache_->find(ceilings_.gpu_name, op_timing_key(s), shape_key)) seconds = *cached, ++t.calibrated_steps;
     t.step_seconds.push_back(seconds);
+    if (!runs_once_per_step(s.kind)) seconds *= microbatches;  // gradient accumulation: once per microbatch
     t.compute_seconds += seconds;
     if (s.kind == StepKind::layer_recompute) t.recompute_seconds += seconds;
     if (s.kind == StepKind::layer_forward) forward[s.layer] += seconds;
@@ -385,7 +391,7 @@ PlanTime CostModel::predict(const StepPlan& plan) const {
     t.exposed_communication_seconds += std::max(0.0, (ends_gather * (2 - embedding_share) + ends_scatter) - head);
   }
   t.seconds = t.compute_seconds + t.exposed_communication_seconds;
-  t.tokens_per_second = t.seconds > 0 ? static_cast<double>(o.shape.tokens()) / t.seconds : 0;
+  t.tokens_per_second = t.seconds > 0 ? static_cast<double>(o.shape.tokens()) * microbatches / t.seconds : 0;
   return t;
 }
 

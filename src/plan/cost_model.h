@@ -60,12 +60,14 @@ std::string shape_timing_key(const ModelConfig& model, const PlanOptions& option
 
 struct PlanTime {
   double seconds = 0;              // predicted step time
-  double compute_seconds = 0;      // the plan steps, recompute included
+  double compute_seconds = 0;      // the plan steps, recompute included (each microbatch's)
   double recompute_seconds = 0;    // of which recompute
   double communication_seconds = 0;  // all-gather / reduce-scatter traffic (sharded plans)
   double exposed_communication_seconds = 0;  // the part not hidden behind compute
   double tokens_per_second = 0;    // per GPU
-  std::vector<double> step_seconds;  // each plan step's time, in plan order (compute_seconds is their sum)
+  // Each plan step's time for one run of it, in plan order; compute_seconds is their sum, the
+  // steps that run per microbatch counted once for each (PlanOptions::microbatches).
+  std::vector<double> step_seconds;
   int calibrated_steps = 0;        // steps timed from the cache rather than the ceilings
   bool timing_cache = false;       // a cache was given (it may match none of the plan's steps)
 };

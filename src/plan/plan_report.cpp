@@ -31,9 +31,11 @@ std::string plan_summary_line(const StepPlan& plan) {
   out << plan.options.policy.str() << ", " << dtype_name(plan.options.compute_dtype) << ", ";
   if (plan.options.float8.recipe != Float8Recipe::none)
     out << "float8 " << float8_recipe_name(plan.options.float8.recipe) << " (" << float8_linear_summary(plan) << "), ";
-  out
-      << plan.options.shape.tokens() << " tokens/step (batch " << plan.options.shape.batch << " x seq "
-      << plan.options.shape.seq_len << "), loss chunk " << plan.options.loss_chunk_tokens << ", "
+  const int64_t microbatches = plan.options.microbatches;
+  out << plan.options.shape.tokens() * microbatches << " tokens/step (";
+  if (microbatches > 1) out << microbatches << " accumulated microbatches of ";
+  out << "batch " << plan.options.shape.batch << " x seq " << plan.options.shape.seq_len << "), loss chunk "
+      << plan.options.loss_chunk_tokens << ", "
       << plan.steps.size() << " steps, arena "
       << format_bytes(plan.memory.arena_bytes) << " (peak at '" << plan.steps[plan.memory.peak_step].name() << "')";
   return out.str();
@@ -342,6 +344,8 @@ nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps, const PlanTim
   j["compute_dtype"] = std::string(dtype_name(plan.options.compute_dtype));
   j["batch_size"] = plan.options.shape.batch;
   j["seq_len"] = plan.options.shape.seq_len;
+  j["microbatches"] = plan.options.microbatches;  // gradient accumulation: passes per optimizer step
+  j["tokens_per_step"] = plan.options.shape.tokens() * plan.options.microbatches;
   j["loss_chunk_tokens"] = plan.options.loss_chunk_tokens;
   // Where the output projection's compute copy comes from: "persistent" (AdamW writes it),
   // "per_step" (the output head casts it), "none" (no compute copy, or a sharded plan's gathers).

@@ -93,8 +93,9 @@ bool packed_compute_copy(const PlanOptions& options) {
 
 bool low_precision_linear_grads(const PlanOptions& options) {
   // Replicas all-reduce each unit's gradients as one range of the flat layout: they keep it.
-  return packed_compute_copy(options) && options.replicate_degree == 1 && options.compute_dtype == DType::bf16 &&
-         options.linear_grad_dtype == DType::bf16;
+  // Gradient accumulation adds to them: in bf16 each microbatch would round the running sum.
+  return packed_compute_copy(options) && options.replicate_degree == 1 && options.microbatches == 1 &&
+         options.compute_dtype == DType::bf16 && options.linear_grad_dtype == DType::bf16;
 }
 
 int64_t gradient_elements(const std::vector<ParameterRun>& ranges, bool low) {

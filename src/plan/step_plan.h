@@ -60,8 +60,19 @@ struct Step {
   std::string name() const;  // "forward layers.3.attention.wq", "all-gather layers.3"
 };
 
+// Steps that run once per optimizer step, after the last microbatch (the gradient norm, the
+// update, the weight cast); every other step runs once per microbatch (PlanOptions::microbatches).
+inline bool runs_once_per_step(StepKind kind) {
+  return kind == StepKind::gradient_norm || kind == StepKind::all_reduce_gradient_norm ||
+         kind == StepKind::optimizer || kind == StepKind::cast_weights;
+}
+
 struct PlanOptions {
-  StepShape shape;
+  StepShape shape;  // one microbatch: what one forward-backward pass holds
+  // Gradient accumulation: forward-backward passes per optimizer step, each over `shape`, adding
+  // to the parameter gradients (then kept in the master dtype); the plan is one pass's, run that
+  // many times, then the update. Memory does not grow with it; tokens per step do.
+  int64_t microbatches = 1;
   DType compute_dtype = DType::f32;
   CheckpointPolicy policy;
   int64_t loss_chunk_tokens = 1024;
@@ -253,8 +264,8 @@ struct StepPlan {
 // in one loss chunk) bf16: grad_offset and low_grad.
 std::vector<ParameterRun> compute_copy_ranges(const ModelConfig& model, const PlanOptions& options);
 // True when the block linears' weight gradients are kept in bf16 (PlanOptions::linear_grad_dtype):
-// plans of one rank's whole model (neither sharded nor replicated) with a bf16 compute dtype that
-// ask for it.
+// plans of one rank's whole model (neither sharded nor replicated) and one microbatch per step,
+// with a bf16 compute dtype, that ask for it.
 bool low_precision_linear_grads(const PlanOptions& options);
 // Gradient elements the runs place in bf16 (low) or in the master dtype.
 int64_t gradient_elements(const std::vector<ParameterRun>& ranges, bool low);

@@ -74,7 +74,9 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   if (ranks.world_size > 1) check_same_config(*ranks.communicator, config_to_json(config));
   RunSetup setup = prepare_run(config, backend.get(), /*need_tokenizer=*/false);
   StepPlan plan = build_step_plan(setup.model, setup.plan_options);
-  const StepShape shape = setup.plan_options.shape;
+  const StepShape shape = setup.plan_options.shape;  // one microbatch
+  const int64_t microbatches = setup.plan_options.microbatches;
+  const double tokens_per_step = static_cast<double>(shape.tokens() * microbatches);
 
   BenchResult r;
   r.device = config.job.device;
@@ -85,6 +87,7 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   r.layers = setup.model.n_layers;
   r.label = setup.model.flavor + " x" + std::to_string(r.layers) + " " + r.precision + " " + r.policy + " b" +
             std::to_string(r.batch) + " s" + std::to_string(r.seq_len);
+  if (microbatches > 1) r.label += " x" + std::to_string(microbatches) + " accumulated";
   if (plan.data_parallel()) {
     r.label += plan.sharded() ? " fsdp" : " dp";
     r.label += std::to_string(ranks.world_size) + " " + ranks.communicator->name();
@@ -130,7 +133,9 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
     if (step == options.warmup + 1) monitor.start();
     if (tracing && step == options.warmup + 1) executor.enable_timing(true);
     const auto start = clock::now();
-    executor.run(optimizer);
+    // Gradient accumulation: every microbatch reads the same synthetic tokens (loaded once).
+    for (int64_t microbatch = 0; microbatch < microbatches; ++microbatch) executor.run_microbatch(optimizer, microbatch);
+    executor.run_update(optimizer);
     const double loss = executor.loss();  // waits for the step
     if (tracing && step > options.warmup) {
       auto ms = executor.step_milliseconds();
@@ -161,7 +166,7 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   r.temperature_c = device.temperature_c;
   if (device.has_energy() && options.steps > 0) {
     r.joules_per_step = device.energy_joules / static_cast<double>(options.steps);
-    r.tokens_per_joule = static_cast<double>(shape.tokens()) / r.joules_per_step;
+    r.tokens_per_joule = tokens_per_step / r.joules_per_step;
     log << "energy: " << r.joules_per_step << " J per step, " << r.tokens_per_joule << " tokens per joule\n";
   }
   if (tracing && options.report) {
@@ -172,7 +177,9 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
       windows[i] = windowed[i] == 0 ? std::pair{-1.0, -1.0}
                                     : std::pair{windows[i].first / windowed[i], windows[i].second / windowed[i]};
     write_chrome_trace(options.trace_path, plan, per_step_ms, windows);
-    log << "\nwhere the time goes (mean of " << options.steps << " traced steps; trace: " << options.trace_path << ")\n"
+    log << "\nwhere the time goes (mean of " << options.steps << " traced steps"
+        << (microbatches > 1 ? ", each step's last microbatch and its update" : "") << "; trace: " << options.trace_path
+        << ")\n"
         << trace_summary(plan, per_step_ms, predicted_ms) << std::flush;
     if (!options.calibrate_path.empty()) merge_calibration(options.calibrate_path, setup, plan, per_step_ms, log);
   }
@@ -190,7 +197,7 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   const auto [fastest, slowest] = std::minmax_element(milliseconds.begin(), milliseconds.end());
   r.step_ms_min = milliseconds.empty() ? 0 : *fastest;
   r.step_ms_max = milliseconds.empty() ? 0 : *slowest;
-  r.tokens_per_second = r.step_ms > 0 ? static_cast<double>(shape.tokens()) / (r.step_ms / 1e3) : 0;
+  r.tokens_per_second = r.step_ms > 0 ? tokens_per_step / (r.step_ms / 1e3) : 0;
   r.tflops = r.tokens_per_second * setup.model.training_flops_per_token(shape.seq_len) / 1e12;
   r.mfu_percent = 100.0 * r.tflops / kHopperPeakTflops;
   if (options.report && r.step_ms > 0 && r.predicted_step_ms > 0) {

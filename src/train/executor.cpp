@@ -16,6 +16,10 @@ Executor::Executor(const StepPlan& plan, Backend& backend, Communicator* communi
       context_{plan_.model, plan.options.shape, backend, TensorView(), Float8Recipe::none, Float8Scratch{}},
       communicator_(communicator) {
   setup_sharding();
+  SMELT_CHECK(plan_.options.microbatches >= 1 && (plan_.options.microbatches == 1 || !data_parallel()),
+              "executor: gradient accumulation (" + std::to_string(plan_.options.microbatches) +
+                  " microbatches) runs on one rank's whole model; this plan is data parallel");
+  context_.microbatches = plan_.options.microbatches;
   context_.rope_frequencies = view(plan_.rope_frequencies);
   if (plan_.workspace >= 0) backend_.set_workspace(view(plan_.workspace));
   setup_float8();
@@ -244,7 +248,12 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
       return;
     }
     case StepKind::cast_weights: quantize_float8_weights(true); return;
-    case StepKind::loss_reduce: backend_.mean({view(plan_.losses), view(plan_.loss)}); return;
+    case StepKind::loss_reduce: {  // a microbatch's mean weighs 1 / microbatches of the step's loss
+      const bool whole = evaluating_ || plan_.options.microbatches == 1;
+      backend_.mean({view(plan_.losses), view(plan_.loss), !whole && context_.accumulate_gradients,
+                     whole ? 1.0f : 1.0f / static_cast<float>(plan_.options.microbatches)});
+      return;
+    }
     case StepKind::all_gather:
     case StepKind::reduce_scatter:
     case StepKind::all_reduce_gradients:
@@ -259,6 +268,7 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
 
 void Executor::run_indexed(size_t i, const OptimizerSettings& optimizer) {
   if (!timing_) return run_step(plan_.steps[i], optimizer);
+  timed_order_.push_back(i);
   backend_.timing_mark(i);
   backend_.range_push(step_names_[i].c_str());
   const std::vector<Communicator*> groups = communicators();
@@ -311,46 +321,53 @@ std::vector<std::pair<double, double>> Executor::collective_windows() {
 std::vector<double> Executor::step_milliseconds() {
   SMELT_CHECK(timing_, "step_milliseconds needs enable_timing(true) before run()");
   backend_.synchronize();
-  // Each step's time runs from its mark to the next mark recorded after it (updates run
-  // after the loss, so the order of marks is gradients, then updates, then the end mark).
-  std::vector<size_t> order;
-  for (int pass = 0; pass < 2; ++pass)
-    for (size_t i = 0; i < plan_.steps.size(); ++i)
-      if (is_update(plan_.steps[i]) == (pass == 1)) order.push_back(i);
+  // Each step's time runs from its mark to the next mark recorded after it, in the order the
+  // steps last ran (updates after the loss; with several microbatches, the last one's steps and
+  // then the gradient norm), then the end mark.
+  std::vector<size_t> order = timed_order_;
   order.push_back(plan_.steps.size());
-  std::vector<double> ms(plan_.steps.size());
+  std::vector<double> ms(plan_.steps.size(), 0.0);
   for (size_t k = 0; k + 1 < order.size(); ++k) ms[order[k]] = backend_.timing_elapsed_ms(order[k], order[k + 1]);
   return ms;
 }
 
-bool Executor::is_update(const Step& step) {
-  return step.kind == StepKind::optimizer || step.kind == StepKind::cast_weights;
+bool Executor::is_update(const Step& step) { return in_set(StepSet::updates, step.kind); }
+
+bool Executor::in_set(StepSet set, StepKind kind) {
+  const bool update = kind == StepKind::optimizer || kind == StepKind::cast_weights;
+  switch (set) {
+    case StepSet::gradients: return !update;
+    case StepSet::microbatch: return !runs_once_per_step(kind);
+    case StepSet::gradient_norm: return runs_once_per_step(kind) && !update;
+    case StepSet::updates: return update;
+  }
+  return false;
 }
 
-void Executor::run_steps(bool updates, const OptimizerSettings& optimizer) {
+void Executor::run_steps(StepSet set, const OptimizerSettings& optimizer) {
   for (size_t i = 0; i < plan_.steps.size(); ++i)
-    if (is_update(plan_.steps[i]) == updates) run_indexed(i, optimizer);
-  if (timing_ && updates) backend_.timing_mark(plan_.steps.size());
+    if (in_set(set, plan_.steps[i].kind)) run_indexed(i, optimizer);
+  if (timing_ && set == StepSet::updates) backend_.timing_mark(plan_.steps.size());
 }
 
-void Executor::run_gradients(const OptimizerSettings& optimizer) {
+void Executor::run_graphed(StepSet set, const OptimizerSettings& optimizer) {
   // Collectives join the capture when the communicator allows it (NCCL); host-synchronous ones
   // (ranks as threads) keep the step eager.
   const bool collectives_capturable = !data_parallel() || communicator_->capturable();
   const bool use_graph = graph_wanted_ && !graph_failed_ && !timing_ && collectives_capturable;
   if (!use_graph || (!graph_captured_ && eager_runs_ < 1)) {
-    ++eager_runs_;  // the first step runs eagerly: library caches and plans get built
-    run_steps(false, optimizer);
+    ++eager_runs_;  // the first run is eager: library caches and plans get built
+    run_steps(set, optimizer);
     return;
   }
   if (!graph_captured_) {
     if (!backend_.begin_capture()) {
       graph_failed_ = true;
-      run_steps(false, optimizer);
+      run_steps(set, optimizer);
       return;
     }
     try {
-      run_steps(false, optimizer);
+      run_steps(set, optimizer);
     } catch (const Error&) {
       backend_.end_capture();
       graph_failed_ = true;
@@ -359,16 +376,48 @@ void Executor::run_gradients(const OptimizerSettings& optimizer) {
     if (!graph_captured_) {
       graph_failed_ = true;
       std::fprintf(stderr, "smelt: the step could not be captured as a CUDA graph; running it op by op\n");
-      run_steps(false, optimizer);
+      run_steps(set, optimizer);
       return;
     }
   }
   backend_.replay();
 }
 
-void Executor::run_update(const OptimizerSettings& optimizer) { run_steps(true, optimizer); }
+void Executor::run_gradients(const OptimizerSettings& optimizer) {
+  SMELT_CHECK(plan_.options.microbatches == 1,
+              "run_gradients runs a step of one microbatch; this plan has " +
+                  std::to_string(plan_.options.microbatches) + ": call run_microbatch for each");
+  timed_order_.clear();
+  run_graphed(StepSet::gradients, optimizer);
+}
+
+void Executor::run_microbatch(const OptimizerSettings& optimizer, int64_t index) {
+  const int64_t count = plan_.options.microbatches;
+  SMELT_CHECK(index >= 0 && index < count, "run_microbatch: microbatch " + std::to_string(index) +
+                                               " of a step of " + std::to_string(count));
+  if (count == 1) return run_gradients(optimizer);
+  timed_order_.clear();  // a trace times the step's last microbatch
+  context_.accumulate_gradients = index > 0;
+  try {
+    // The first microbatch writes the gradients: op by op. The later ones all add: one graph.
+    if (index == 0) run_steps(StepSet::microbatch, optimizer);
+    else run_graphed(StepSet::microbatch, optimizer);
+  } catch (...) {
+    context_.accumulate_gradients = false;
+    throw;
+  }
+  context_.accumulate_gradients = false;
+  if (index == count - 1) run_steps(StepSet::gradient_norm, optimizer);
+}
+
+void Executor::run_update(const OptimizerSettings& optimizer) { run_steps(StepSet::updates, optimizer); }
 
 void Executor::run_loss(const OptimizerSettings& optimizer) {
+  evaluating_ = true;
+  struct Restore {
+    bool& flag;
+    ~Restore() { flag = false; }
+  } restore{evaluating_};
   for (size_t i = 0; i < plan_.steps.size(); ++i) {
     const StepKind kind = plan_.steps[i].kind;
     const bool forward_gather = kind == StepKind::all_gather && plan_.steps[i].op == 0;

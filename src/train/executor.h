@@ -59,9 +59,17 @@ class Executor {
   void load_batch(const int32_t* inputs, const int32_t* targets);
   // Runs every step of the plan once: run_gradients (everything but the update), then
   // run_update (the optimizer and the weight cast). A caller that inspects the loss and
-  // gradient norm before deciding to update calls the two halves itself.
+  // gradient norm before deciding to update calls the two halves itself. A plan of one microbatch only.
   void run(const OptimizerSettings& optimizer);
   void run_gradients(const OptimizerSettings& optimizer);
+  // Gradient accumulation (PlanOptions::microbatches = M): a step is run_microbatch(optimizer, k)
+  // for k = 0 .. M-1, each after load_batch of its own tokens, then run_update. Microbatch 0
+  // writes the gradients and the loss, the later ones add to them (the loss weighs each 1 / M,
+  // and so does the loss gradient); the last also takes the gradient norm. With M = 1,
+  // run_microbatch(optimizer, 0) is run_gradients. The first microbatch runs op by op, the
+  // later ones replay one CUDA graph (they all add).
+  void run_microbatch(const OptimizerSettings& optimizer, int64_t index);
+  int64_t microbatches() const { return plan_.options.microbatches; }
   void run_update(const OptimizerSettings& optimizer);
   static bool is_update(const Step& step);
   // Runs the steps that compute the loss and nothing else (validation, finite differences):
@@ -70,7 +78,8 @@ class Executor {
   void run_step(const Step& step, const OptimizerSettings& optimizer);
 
   // Whole-step graphs: after one eager step, run_gradients' steps are captured once and
-  // replayed every step (the update, whose learning rate changes, runs eagerly). Ignored by backends without graphs and while timing is enabled.
+  // replayed every step (the update, whose learning rate changes, runs eagerly); with several
+  // microbatches, the steps of the later ones (which add to the gradients) are the graph. Ignored by backends without graphs and while timing is enabled.
   void enable_graph(bool enabled) { graph_wanted_ = enabled; }
   bool graph_active() const { return graph_captured_; }
 
@@ -96,8 +105,19 @@ class Executor {
   double gradient_norm();
 
  private:
+  // Which of the plan's steps a call runs (in plan order).
+  enum class StepSet : uint8_t {
+    gradients,      // everything but the update (a step of one microbatch)
+    microbatch,     // everything but the update and the gradient norm (one of several microbatches)
+    gradient_norm,  // the gradient norm, after the last microbatch
+    updates,        // the optimizer and the weight cast
+  };
+  static bool in_set(StepSet set, StepKind kind);
   void run_indexed(size_t index, const OptimizerSettings& optimizer);
-  void run_steps(bool updates, const OptimizerSettings& optimizer);
+  void run_steps(StepSet set, const OptimizerSettings& optimizer);
+  // Runs `set` as a CUDA graph where it can (the first call eagerly, the second captures it, later
+  // ones replay it); one set per executor is ever graphed.
+  void run_graphed(StepSet set, const OptimizerSettings& optimizer);
   LayerViews layer_views(const Step& step) const;
   HeadViews head_views(const Step& step) const;
   // Where `step` reads parameter `info` and writes its gradient: the flat buffers (the weight from
@@ -181,6 +201,8 @@ class Executor {
   std::vector<std::vector<IssuedCollectives>> issued_;
   std::vector<Communicator*> communicators() const;  // the distinct ones this rank issues on
   bool timing_ = false;
+  std::vector<size_t> timed_order_;  // with timing: the steps in the order the last pass ran them
+  bool evaluating_ = false;          // run_loss: the loss is one pass's mean, whatever the microbatches
   bool graph_wanted_ = false, graph_captured_ = false, graph_failed_ = false;
   int eager_runs_ = 0;
   std::vector<std::string> step_names_;

@@ -65,6 +65,35 @@ int64_t resolve_shard_degree(const ParallelismSection& parallelism, int64_t worl
   return std::max<int64_t>(1, world_size / replicas);
 }
 
+int64_t gradient_accumulation_steps(const JobConfig& config, int64_t data_parallel_ranks) {
+  const TrainingSection& t = config.training;
+  if (t.global_batch_size <= 0) return 1;
+  const int64_t per_pass = t.local_batch_size * std::max<int64_t>(1, data_parallel_ranks);
+  if (t.global_batch_size % per_pass != 0)
+    fail(ErrorKind::config, "training.global_batch_size (" + std::to_string(t.global_batch_size) +
+                                ") must be a multiple of local_batch_size x data-parallel ranks (" +
+                                std::to_string(t.local_batch_size) + " x " + std::to_string(data_parallel_ranks) +
+                                " = " + std::to_string(per_pass) + "); pick a multiple, or -1 for " +
+                                std::to_string(per_pass));
+  const int64_t steps = t.global_batch_size / per_pass;
+  if (steps == 1) return 1;
+  const ParallelismSection& p = config.parallelism;
+  if (data_parallel_ranks > 1 || p.shard_single_rank)
+    fail(ErrorKind::config, "training.global_batch_size = " + std::to_string(t.global_batch_size) +
+                                " asks for gradient accumulation (" + std::to_string(steps) +
+                                " passes per step), which runs on one rank's whole model; this run is data "
+                                "parallel (" + std::to_string(data_parallel_ranks) + " ranks" +
+                                (p.shard_single_rank ? ", parallelism.shard_single_rank" : "") +
+                                "). Raise local_batch_size instead, or set global_batch_size to -1");
+  if (t.linear_grad_dtype == "bfloat16")
+    fail(ErrorKind::config, "training.linear_grad_dtype = \"bfloat16\" keeps gradients that are written once; "
+                            "gradient accumulation (training.global_batch_size = " +
+                                std::to_string(t.global_batch_size) + ", " + std::to_string(steps) +
+                                " passes per step) adds to them, which needs float32. Set linear_grad_dtype "
+                                "to auto or float32");
+  return steps;
+}
+
 RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_tokenizer, const PlanTarget& target) {
   validate_config(config);
   RunSetup setup;
@@ -108,6 +137,7 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   o.reshard_after_forward = config.parallelism.reshard_after_forward_policy != "never";
   o.replicate_degree = config.parallelism.data_parallel_replicate_degree;
   o.float8_all_gather = config.float8.all_gather;
+  o.microbatches = gradient_accumulation_steps(config, o.shard_degree * o.replicate_degree);
 
   // The device, its memory and the budget; the cost model.
   const bool cuda = config.job.device == "cuda";

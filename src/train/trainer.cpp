@@ -135,9 +135,10 @@ TrainResult train(const JobConfig& config, std::ostream& log, Communicator* comm
   optimizer.max_norm = static_cast<float>(config.training.max_norm);
 
   const double flops_per_token = model.training_flops_per_token(shape.seq_len);
-  const int64_t tokens_per_step = shape.tokens();
+  const int64_t microbatches = executor.microbatches();  // gradient accumulation: passes per step
+  const int64_t tokens_per_step = shape.tokens() * microbatches;
   const bool on_gpu = backend->device() == Device::cuda;
-  std::vector<int32_t> inputs(static_cast<size_t>(tokens_per_step)), targets(inputs.size());
+  std::vector<int32_t> inputs(static_cast<size_t>(shape.tokens())), targets(inputs.size());
   std::vector<double> step_seconds;
   const auto start = clock::now();
   // A step's time runs from the previous step's gradient sync to its own: the previous update
@@ -193,10 +194,12 @@ TrainResult train(const JobConfig& config, std::ostream& log, Communicator* comm
   }
 
   for (int64_t step = progress.step + 1; step <= config.training.steps; ++step) {
-    dataset.train->next_batch(inputs.data(), targets.data());
-    executor.load_batch(inputs.data(), targets.data());
     optimizer.lr = static_cast<float>(schedule.at(step));
-    executor.run_gradients(optimizer);
+    for (int64_t microbatch = 0; microbatch < microbatches; ++microbatch) {
+      dataset.train->next_batch(inputs.data(), targets.data());
+      executor.load_batch(inputs.data(), targets.data());  // waits for the microbatch before, which reads the tokens
+      executor.run_microbatch(optimizer, microbatch);
+    }
     const double loss = executor.loss();  // synchronises: forward and backward are complete
     const auto gradients_done = clock::now();
     const double seconds = std::chrono::duration<double>(gradients_done - previous_end).count();

@@ -77,8 +77,14 @@ TEST(CheckpointKill, ResumesFromTheNewestCompleteCheckpointAfterEveryKill) {
     arguments.push_back("--training.steps=100000");
     const pid_t pid = spawn_smelt(arguments, folder.path("log.txt"));
     ASSERT_GT(pid, 0);
-    // Start-up takes a while; the first round waits for at least one checkpoint to exist.
-    const int wait_ms = (round == 0 ? 800 : 150) + static_cast<int>(random() % 400);
+    // Start-up takes a while (longer on a loaded machine): the first round waits until a first
+    // checkpoint exists (30 s at most), then kills at a random moment like the others.
+    if (round == 0) {
+      const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (find_newest_checkpoint(checkpoints).empty() && std::chrono::steady_clock::now() < limit)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    const int wait_ms = 150 + static_cast<int>(random() % 400);
     std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
     ::kill(pid, SIGKILL);
     int status = 0;

@@ -231,6 +231,8 @@ TEST(Config, OutOfRangeValues) {
   expect_file_error("[parallelism]\ndata_parallel_shard_degree = -2\n",
                     {"parallelism.data_parallel_shard_degree", "bad.toml:2", ">= 1 or -1"});
   expect_file_error("[job]\nname = \"a/b\"\n", {"job.name", "bad.toml:2", "'/'"});
+  expect_file_error("[training]\nglobal_batch_size = 0\n", {"training.global_batch_size", "bad.toml:2", ">= 1 or -1"});
+  expect_file_error("[training]\nglobal_batch_size = -4\n", {"training.global_batch_size", "bad.toml:2", ">= 1 or -1"});
 }
 
 TEST(Config, SyntaxErrorNamesFileLineAndColumn) {
@@ -275,6 +277,12 @@ TEST(Config, ValidateChecksValuesSetInCode) {
   expect_config_error([&] { validate_config(config); }, {"data_parallel_replicate_degree = 2", "parallelism.reduce_dtype"});
   config = JobConfig{};
   config.parallelism.shard_single_rank = true;  // auto: f32 where sharded, no error
+  EXPECT_NO_THROW(validate_config(config));
+  config = JobConfig{};
+  config.training.local_batch_size = 4;
+  config.training.global_batch_size = 10;  // not a whole number of passes
+  expect_config_error([&] { validate_config(config); }, {"training.global_batch_size (10)", "local_batch_size (4)"});
+  config.training.global_batch_size = 12;
   EXPECT_NO_THROW(validate_config(config));
   config = JobConfig{};
   config.training.output_weight_copy = "always";

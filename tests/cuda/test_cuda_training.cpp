@@ -2,7 +2,8 @@
 // reference: the same losses over 20 steps and the same final weights, within
 // bf16 / f32 tolerances; float8 recipes against the CPU emulation (with AC none, the inputs kept
 // as float8 x^T from forward to backward); bf16 selective-op and the tensorwise and rowwise runs
-// keep the block linears' weight gradients in bf16, the others in f32. Skips without a GPU.
+// keep the block linears' weight gradients in bf16, the others in f32; gradient accumulation (three
+// microbatches a step, the later ones replayed as a CUDA graph on the GPU). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,7 +37,7 @@ struct Run {
 };
 
 Run make_run(std::unique_ptr<Backend> backend, DType compute, const char* policy, Float8Recipe recipe,
-             DType linear_grads, int64_t loss_chunk) {
+             DType linear_grads, int64_t loss_chunk, int64_t microbatches) {
   Run r;
   r.backend = std::move(backend);
   ModelConfig model = small_model();
@@ -47,6 +48,7 @@ Run make_run(std::unique_ptr<Backend> backend, DType compute, const char* policy
   o.float8.recipe = recipe;
   o.linear_grad_dtype = linear_grads;
   o.loss_chunk_tokens = loss_chunk;
+  o.microbatches = microbatches;
   WorkspaceShape w;
   w.tokens = 128;
   w.seq_len = 64;
@@ -61,6 +63,7 @@ Run make_run(std::unique_ptr<Backend> backend, DType compute, const char* policy
   o.attention_backward_scratch_bytes = r.backend->attention_backward_scratch_bytes(w);
   r.plan = build_step_plan(model, o);
   r.executor = std::make_unique<Executor>(r.plan, *r.backend);
+  r.executor->enable_graph(microbatches > 1);  // the later microbatches of a step: one graph, replayed
   std::vector<float> host(static_cast<size_t>(r.executor->layout().total()));
   initialize_parameters(r.executor->layout(), model, testing_support::fresh(123), host.data());
   r.executor->load_parameters(host.data());
@@ -72,10 +75,11 @@ Run make_run(std::unique_ptr<Backend> backend, DType compute, const char* policy
 // default) or f32. The loss chunk of 48 does not divide 128 tokens: it exercises the last partial
 // chunk; one of 128 (one chunk) puts the output projection's gradient in bf16 too.
 void compare_training(DType compute, const char* policy, double loss_tolerance, double weight_tolerance,
-                      Float8Recipe recipe = Float8Recipe::none, DType linear_grads = DType::f32, int64_t loss_chunk = 48) {
+                      Float8Recipe recipe = Float8Recipe::none, DType linear_grads = DType::f32, int64_t loss_chunk = 48,
+                      int64_t microbatches = 1) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-  Run cpu = make_run(make_cpu_backend(), compute, policy, recipe, linear_grads, loss_chunk);
-  Run gpu = make_run(make_cuda_backend(), compute, policy, recipe, linear_grads, loss_chunk);
+  Run cpu = make_run(make_cpu_backend(), compute, policy, recipe, linear_grads, loss_chunk, microbatches);
+  Run gpu = make_run(make_cuda_backend(), compute, policy, recipe, linear_grads, loss_chunk, microbatches);
   ASSERT_EQ(gpu.plan.linear_gradients >= 0, linear_grads == DType::bf16);
   if (recipe != Float8Recipe::none && std::string(policy) == "none") {
     int saved = 0;
@@ -91,13 +95,16 @@ void compare_training(DType compute, const char* policy, double loss_tolerance, 
   const int64_t n = 128;
   std::vector<int32_t> inputs(n), targets(n);
   for (int step = 1; step <= 20; ++step) {
-    for (auto& t : inputs) t = static_cast<int32_t>(random.below(300));
-    for (int64_t i = 0; i < n; ++i) targets[i] = (inputs[i] * 7 + 3) % 300;  // learnable
     optimizer.step = step;
-    for (Run* r : {&cpu, &gpu}) {
-      r->executor->load_batch(inputs.data(), targets.data());
-      r->executor->run(optimizer);
+    for (int64_t microbatch = 0; microbatch < microbatches; ++microbatch) {
+      for (auto& t : inputs) t = static_cast<int32_t>(random.below(300));
+      for (int64_t i = 0; i < n; ++i) targets[i] = (inputs[i] * 7 + 3) % 300;  // learnable
+      for (Run* r : {&cpu, &gpu}) {
+        r->executor->load_batch(inputs.data(), targets.data());
+        r->executor->run_microbatch(optimizer, microbatch);
+      }
     }
+    for (Run* r : {&cpu, &gpu}) r->executor->run_update(optimizer);
     const double a = cpu.executor->loss(), b = gpu.executor->loss();
     ASSERT_TRUE(std::isfinite(b)) << "step " << step;
     EXPECT_NEAR(b, a, loss_tolerance * std::fabs(a)) << "step " << step;
@@ -137,6 +144,15 @@ TEST(CudaTraining, Float8RowwiseSelectiveOpMatchesTheCpuEmulation) {
 }
 TEST(CudaTraining, Float8BlockwiseNoCheckpointMatchesTheCpuEmulation) {
   compare_training(DType::bf16, "none", 2e-2, 5e-2, Float8Recipe::blockwise);
+}
+
+// Gradient accumulation: every gradient the step writes is added to by the later microbatches
+// (the GEMMs' beta, the norms' and embedding's accumulate flags, the loss's weighted mean).
+TEST(CudaTraining, AccumulatedMicrobatchesMatchTheCpuReference) {
+  compare_training(DType::f32, "none", 1e-4, 2e-3, Float8Recipe::none, DType::f32, 48, 3);
+}
+TEST(CudaTraining, Float8TensorwiseAccumulatedSelectiveOpMatchesTheCpuEmulation) {
+  compare_training(DType::bf16, "selective-op", 2e-2, 5e-2, Float8Recipe::tensorwise, DType::f32, 48, 3);
 }
 
 }  // namespace

@@ -138,6 +138,50 @@ TEST(CostModel, EmbeddingBackwardZeroesTheTableGradient) {
               extra_rows * static_cast<double>(small.dim) * 4 / h200_ceilings().elementwise_bytes_per_second, 1e-12);
 }
 
+// Gradient accumulation: the per-pass steps count once per microbatch, the gradient norm, AdamW and
+// the weight cast once per step; tokens per step grow with the microbatches; the gradients stay f32.
+TEST(CostModel, AccumulatedMicrobatchesRepeatThePassAndShareTheUpdate) {
+  testing_support::FreshRandom random;
+  const ModelConfig model = proxy(2);
+  const CostModel cost(h200_ceilings(), true);
+  PlanOptions o = options("selective-op");
+  o.float8.recipe = Float8Recipe::tensorwise;
+  o.linear_grad_dtype = DType::bf16;
+  o.loss_chunk_tokens = 2048;
+  const int64_t microbatches = 2 + static_cast<int64_t>(random.below(6));
+  PlanOptions accumulated = o;
+  accumulated.microbatches = microbatches;
+  const StepPlan plan = build_step_plan(model, accumulated);
+  EXPECT_FALSE(low_precision_linear_grads(accumulated));
+  EXPECT_TRUE(low_precision_linear_grads(o));
+  const PlanTime time = cost.predict(plan);
+  double per_pass = 0, once = 0;
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    EXPECT_NEAR(time.step_seconds[i], cost.step_seconds(plan.steps[i], model, accumulated), 1e-15);
+    (runs_once_per_step(plan.steps[i].kind) ? once : per_pass) += time.step_seconds[i];
+  }
+  EXPECT_GT(once, 0.0);
+  EXPECT_NEAR(time.seconds, static_cast<double>(microbatches) * per_pass + once, 1e-9);
+  EXPECT_NEAR(time.tokens_per_second, static_cast<double>(microbatches * 8192) / time.seconds, 1e-6);
+  // The update is shared: more tokens per second than one pass per step (same f32 gradients).
+  PlanOptions single = accumulated;
+  single.microbatches = 1;
+  single.linear_grad_dtype = DType::f32;
+  EXPECT_GT(time.tokens_per_second, cost.predict(build_step_plan(model, single)).tokens_per_second);
+  // Only the first pass zeroes the embedding's table gradient; the later ones add to it.
+  for (const Step& step : plan.steps)
+    if (step.kind == StepKind::embedding_backward) {
+      const double table = static_cast<double>(model.vocab_size) * static_cast<double>(model.dim) * 4;
+      EXPECT_NEAR(cost.step_seconds(step, model, single) - cost.step_seconds(step, model, accumulated),
+                  table * (1 - 1.0 / static_cast<double>(microbatches)) / h200_ceilings().elementwise_bytes_per_second,
+                  1e-12);
+    }
+  EXPECT_NE(plan_summary_line(plan).find(std::to_string(microbatches * 8192) + " tokens/step (" +
+                                         std::to_string(microbatches) + " accumulated microbatches of batch 1 x seq 8192)"),
+            std::string::npos)
+      << plan_summary_line(plan);
+}
+
 // Unsharded float8 linears use weights quantised once per step, and k, v and up take the input q
 // and gate quantised just before them; a recompute runs alone and quantises its own input.
 TEST(CostModel, Float8LinearsCountTheCastsTheyMake) {
