@@ -56,11 +56,14 @@ std::vector<uint8_t> weights_bytes(const std::string& run_folder) {
   return load_safetensors(run_folder + "/model.safetensors").data;
 }
 
-void expect_exact_resume(bool async) {
+// global_batch: training.global_batch_size of both runs (-1: one pass per step; 6: three
+// accumulated passes of 2 sequences, whose data position moves three batches per step).
+void expect_exact_resume(bool async, int64_t global_batch = -1) {
   TemporaryFolder folder;
   folder.write("data/corpus.txt", corpus(7, 20000));
   const int64_t half = 4;
   JobConfig full = tiny_config(folder, "full", 2 * half);
+  full.training.global_batch_size = global_batch;
   full.checkpoint.enable = true;
   full.checkpoint.interval = half;
   full.checkpoint.keep_latest_k = 0;
@@ -71,6 +74,7 @@ void expect_exact_resume(bool async) {
 
   // A fresh process-equivalent: new executor, loaders and optimizer, from the step-N files alone.
   JobConfig resumed = tiny_config(folder, "resumed", 2 * half);
+  resumed.training.global_batch_size = global_batch;
   resumed.checkpoint.load = fs::path(a.run_folder) / "checkpoint" / checkpoint_name(half);
   std::ostringstream log_resumed;
   TrainResult b = train(resumed, log_resumed);
@@ -88,6 +92,8 @@ void expect_exact_resume(bool async) {
 TEST(Checkpoint, ResumeFromStepNIsBitIdenticalToAnUninterruptedRun) { expect_exact_resume(false); }
 
 TEST(Checkpoint, AsyncWritesResumeBitIdentically) { expect_exact_resume(true); }
+
+TEST(Checkpoint, AccumulatedMicrobatchesResumeBitIdentically) { expect_exact_resume(false, 6); }
 
 TEST(Checkpoint, KeepsTheLatestKAndAutoResumesFromTheNewest) {
   TemporaryFolder folder;
