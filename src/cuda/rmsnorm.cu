@@ -62,6 +62,41 @@ __global__ void rmsnorm_forward_rows(const T* input, const T* weight, T* out, fl
   publish_max(amax_bits, maximum);
 }
 
+// The backward's arithmetic on one 16-byte column group (kVector columns at x, weight, dy, dx),
+// shared by both backward kernels so they round alike: the group's terms of x . (w * dy), added
+// to dot in column order ...
+template <typename T>
+__device__ __forceinline__ void add_group_dot(const T* x, const T* weight, const T* dy, float& dot) {
+  float a[kVector], w[kVector], g[kVector];
+  load_vector(x, a);
+  load_vector(weight, w);
+  load_vector(dy, g);
+#pragma unroll
+  for (int i = 0; i < kVector; ++i) dot += a[i] * w[i] * g[i];
+}
+
+// ... and its input gradient inverse * (w * dy - x * correction), added to dx when accumulate,
+// stored, its amax taken into `maximum`; x and dy as loaded are left in a and g (the weight
+// gradient's terms).
+template <typename T>
+__device__ __forceinline__ void store_group_gradient(const T* x, const T* weight, const T* dy, T* dx, float inverse,
+                                                     float correction, bool accumulate, uint32_t& maximum,
+                                                     float (&a)[kVector], float (&g)[kVector]) {
+  float w[kVector], o[kVector];
+  load_vector(x, a);
+  load_vector(weight, w);
+  load_vector(dy, g);
+  if (accumulate) load_vector(dx, o);
+#pragma unroll
+  for (int i = 0; i < kVector; ++i) {
+    float value = inverse * (w[i] * g[i] - a[i] * correction);
+    if (accumulate) value += o[i];
+    o[i] = value;
+    maximum = max(maximum, magnitude_bits(stored_value(value, dx)));
+  }
+  store_vector(dx, o);
+}
+
 // grad_input = rstd * (w * dy - x * rstd^2 * mean(x * w * dy)), optionally added to.
 template <typename T, bool Vectorized>
 __global__ void rmsnorm_backward_rows(const T* input, const T* weight, const float* rstd, const T* grad_out,
@@ -72,14 +107,8 @@ __global__ void rmsnorm_backward_rows(const T* input, const T* weight, const flo
   T* dx = grad_input + offset;
   float dot = 0;
   if (Vectorized) {
-    for (int64_t v = threadIdx.x; v < dim / kVector; v += blockDim.x) {
-      float a[kVector], w[kVector], g[kVector];
-      load_vector(x + v * kVector, a);
-      load_vector(weight + v * kVector, w);
-      load_vector(dy + v * kVector, g);
-#pragma unroll
-      for (int i = 0; i < kVector; ++i) dot += a[i] * w[i] * g[i];
-    }
+    for (int64_t v = threadIdx.x; v < dim / kVector; v += blockDim.x)
+      add_group_dot(x + v * kVector, weight + v * kVector, dy + v * kVector, dot);
   } else {
     for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) dot += load_float(x, d) * load_float(weight, d) * load_float(dy, d);
   }
@@ -89,19 +118,9 @@ __global__ void rmsnorm_backward_rows(const T* input, const T* weight, const flo
   uint32_t maximum = 0;
   if (Vectorized) {
     for (int64_t v = threadIdx.x; v < dim / kVector; v += blockDim.x) {
-      float a[kVector], w[kVector], g[kVector], o[kVector];
-      load_vector(x + v * kVector, a);
-      load_vector(weight + v * kVector, w);
-      load_vector(dy + v * kVector, g);
-      if (accumulate) load_vector(dx + v * kVector, o);
-#pragma unroll
-      for (int i = 0; i < kVector; ++i) {
-        float value = inverse * (w[i] * g[i] - a[i] * correction);
-        if (accumulate) value += o[i];
-        o[i] = value;
-        maximum = max(maximum, magnitude_bits(stored_value(value, dx)));
-      }
-      store_vector(dx + v * kVector, o);
+      float a[kVector], g[kVector];
+      store_group_gradient(x + v * kVector, weight + v * kVector, dy + v * kVector, dx + v * kVector, inverse,
+                           correction, accumulate, maximum, a, g);
     }
   } else {
     for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
@@ -165,12 +184,7 @@ __global__ void __launch_bounds__(1024) rmsnorm_backward_chunks(const T* input, 
     for (int j = 0; j < Vectors; ++j) {
       const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
       if (v >= groups) break;
-      float a[kVector], w[kVector], g[kVector];
-      load_vector(x + v * kVector, a);
-      load_vector(weight + v * kVector, w);
-      load_vector(dy + v * kVector, g);
-#pragma unroll
-      for (int i = 0; i < kVector; ++i) dot += a[i] * w[i] * g[i];
+      add_group_dot(x + v * kVector, weight + v * kVector, dy + v * kVector, dot);
     }
     dot = block_sum(dot, shared);
     const float inverse = rstd[r];
@@ -179,20 +193,11 @@ __global__ void __launch_bounds__(1024) rmsnorm_backward_chunks(const T* input, 
     for (int j = 0; j < Vectors; ++j) {
       const int64_t v = threadIdx.x + int64_t(j) * blockDim.x;
       if (v >= groups) break;
-      float a[kVector], w[kVector], g[kVector], o[kVector];
-      load_vector(x + v * kVector, a);
-      load_vector(weight + v * kVector, w);
-      load_vector(dy + v * kVector, g);
-      if (accumulate) load_vector(dx + v * kVector, o);
+      float a[kVector], g[kVector];
+      store_group_gradient(x + v * kVector, weight + v * kVector, dy + v * kVector, dx + v * kVector, inverse,
+                           correction, accumulate, maximum, a, g);
 #pragma unroll
-      for (int i = 0; i < kVector; ++i) {
-        float value = inverse * (w[i] * g[i] - a[i] * correction);
-        if (accumulate) value += o[i];
-        o[i] = value;
-        maximum = max(maximum, magnitude_bits(stored_value(value, dx)));
-        sum[j][i] += g[i] * a[i] * inverse;
-      }
-      store_vector(dx + v * kVector, o);
+      for (int i = 0; i < kVector; ++i) sum[j][i] += g[i] * a[i] * inverse;
     }
   }
 #pragma unroll

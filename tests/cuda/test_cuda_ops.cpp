@@ -101,6 +101,12 @@ TEST_F(CudaOps, EmbeddingForwardAndBackwardMatchCpu) {
     cuda_->embedding_backward({device_tokens, upload(grad_out), grad});
     expect_bits_equal(want_out, download(out), "embedding forward " + std::string(dtype_name(dtype)));
     expect_close(want_grad, download(grad), 1e-5, "embedding backward " + std::string(dtype_name(dtype)));
+    // Gradient accumulation: a second microbatch's rows added to the table gradient, not zeroed first.
+    HostTensor more_tokens = random_ids(Shape{count}, 4, int32_t(vocabulary));
+    HostTensor more_grad = random_tensor(dtype, Shape{count, dim}, 5);
+    cpu_->embedding_backward({more_tokens.view, more_grad.view, want_grad.view, true});
+    cuda_->embedding_backward({upload(more_tokens), upload(more_grad), grad, true});
+    expect_close(want_grad, download(grad), 1e-5, "embedding backward, accumulated " + std::string(dtype_name(dtype)));
   }
 }
 
@@ -122,17 +128,21 @@ TEST_F(CudaOps, RmsNormForwardAndBackwardMatchCpu) {
       HostTensor grad_out = random_tensor(dtype, Shape{rows, dim}, 12), prior = random_tensor(dtype, Shape{rows, dim}, 13);
       HostTensor out = nan_tensor(dtype, Shape{rows, dim}), rstd = nan_tensor(DType::f32, Shape{rows});
       HostTensor grad_input = accumulate ? prior : nan_tensor(dtype, Shape{rows, dim});
-      HostTensor grad_weight = nan_tensor(DType::f32, Shape{dim});
+      // accumulate: both gradients added to what is there (the weight's as gradient accumulation does).
+      const HostTensor prior_weight_grad = random_tensor(DType::f32, Shape{dim}, 14);
+      HostTensor grad_weight = accumulate ? prior_weight_grad : nan_tensor(DType::f32, Shape{dim});
       cpu_->rmsnorm_forward({x.view, weight.view, out.view, rstd.view, 1e-5f});
-      cpu_->rmsnorm_backward({x.view, weight.view, rstd.view, grad_out.view, grad_input.view, accumulate, grad_weight.view});
+      cpu_->rmsnorm_backward(
+          {x.view, weight.view, rstd.view, grad_out.view, grad_input.view, accumulate, grad_weight.view, accumulate});
 
       TensorView dx = upload(x), dweight = upload(weight);
       TensorView d_out = poisoned(dtype, Shape{rows, dim}), d_rstd = poisoned(DType::f32, Shape{rows});
       TensorView d_grad_input = accumulate ? upload(prior) : poisoned(dtype, Shape{rows, dim});
-      TensorView d_grad_weight = poisoned(DType::f32, Shape{dim});
+      TensorView d_grad_weight = accumulate ? upload(prior_weight_grad) : poisoned(DType::f32, Shape{dim});
       TensorView out_amax = poisoned(DType::f32, Shape{1}), grad_amax = poisoned(DType::f32, Shape{1});
       cuda_->rmsnorm_forward({dx, dweight, d_out, d_rstd, 1e-5f, out_amax});
-      RmsNormBackwardArgs backward{dx, dweight, d_rstd, upload(grad_out), d_grad_input, accumulate, d_grad_weight};
+      RmsNormBackwardArgs backward{dx, dweight, d_rstd, upload(grad_out), d_grad_input, accumulate, d_grad_weight,
+                                   accumulate};
       backward.amax = grad_amax;
       cuda_->rmsnorm_backward(backward);
       const std::string name = "rmsnorm " + std::string(dtype_name(dtype)) + (accumulate ? " accumulate" : "");
