@@ -271,10 +271,27 @@ std::vector<std::string> changes_that_fit(const ModelConfig& model, const PlanOp
   };
   if (options.shape.batch > 1) {
     const int64_t batch = largest_fitting(options.shape.batch, 1, [](PlanOptions& o, int64_t v) { o.shape.batch = v; });
-    if (batch > 0) {
+    if (batch > 0 && options.microbatches == 1) {  // (with accumulation, the global batch must stay a multiple)
       PlanOptions o = options;
       o.shape.batch = batch;
       changes.push_back(note("--training.local_batch_size=" + std::to_string(batch), arena(o)));
+    }
+    // One rank's whole model: the same sequences per step, in passes of a batch that fits, their
+    // gradients accumulated (kept in f32, so the fitting batch may be smaller still).
+    const bool data_parallel = options.shard_degree > 1 || options.replicate_degree > 1 || options.shard_single_rank;
+    const int64_t sequences = options.shape.batch * options.microbatches;
+    for (int64_t pass = batch; pass >= 1 && !data_parallel; --pass) {
+      if (sequences % pass != 0 || pass == sequences) continue;
+      PlanOptions o = options;
+      o.shape.batch = pass;
+      o.microbatches = sequences / pass;
+      const double bytes = arena(o);
+      if (bytes > budget_bytes) continue;
+      changes.push_back(note("--training.local_batch_size=" + std::to_string(pass) + " --training.global_batch_size=" +
+                                 std::to_string(sequences) + " (" + std::to_string(o.microbatches) +
+                                 " accumulated passes a step: the same " + std::to_string(sequences) + " sequences)",
+                             bytes));
+      break;
     }
   }
   const int64_t granule = std::min<int64_t>(256, options.shape.seq_len);

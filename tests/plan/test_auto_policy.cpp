@@ -143,6 +143,30 @@ TEST(AutoPolicy, NothingFitsNamesTheBreakdownAndTheSmallestChanges) {
   }
 }
 
+// A batch too large for the budget: besides the smaller batch, the same sequences per step in
+// smaller accumulated passes (one rank's whole model only), and that plan fits.
+TEST(AutoPolicy, ABatchOverBudgetSuggestsAccumulatingSmallerPasses) {
+  const ModelConfig model = proxy(2);
+  const CostModel cost(h200_ceilings());
+  PlanOptions four = options("full", 2048);
+  four.shape.batch = 4;
+  PlanOptions accumulated = four;
+  accumulated.shape.batch = 2;
+  accumulated.microbatches = 2;
+  const double budget = static_cast<double>(build_step_plan(model, accumulated).memory.arena_bytes) * 1.001;
+  ASSERT_GT(static_cast<double>(build_step_plan(model, four).memory.arena_bytes), budget);
+  const auto changes = changes_that_fit(model, four, budget, cost);
+  bool found = false;
+  for (const auto& change : changes)
+    found |= change.find("--training.local_batch_size=2 --training.global_batch_size=4 (2 accumulated passes") == 0;
+  EXPECT_TRUE(found) << ::testing::PrintToString(changes);
+  // Not for data-parallel plans, whose passes would each reduce their gradients.
+  PlanOptions sharded = four;
+  sharded.shard_degree = 2;
+  for (const auto& change : changes_that_fit(model, sharded, budget, cost))
+    EXPECT_EQ(change.find("global_batch_size"), std::string::npos) << change;
+}
+
 TEST(AutoPolicy, FixedPolicyOverBudgetSuggestsPolicies) {
   const ModelConfig model = proxy(4);
   const CostModel cost(h200_ceilings());
