@@ -20,6 +20,22 @@ void map(const TensorView& src, const TensorView& dst, Function function) {
   for (int64_t i = 0; i < count; ++i) out[i] = function(in[i]);
 }
 
+// dst += src, src widened to dst's dtype first (f32 or f64).
+template <typename Destination>
+void add_into(const TensorView& src, const TensorView& dst) {
+  auto* out = dst.as<Destination>();
+  const int64_t count = src.numel();
+  switch (src.dtype) {
+    case DType::f64: for (int64_t i = 0; i < count; ++i) out[i] += static_cast<Destination>(src.as<double>()[i]); return;
+    case DType::f32: for (int64_t i = 0; i < count; ++i) out[i] += static_cast<Destination>(src.as<float>()[i]); return;
+    case DType::bf16:
+      for (int64_t i = 0; i < count; ++i) out[i] += static_cast<Destination>(bf16_to_float(src.as<uint16_t>()[i]));
+      return;
+    default: break;
+  }
+  fail(ErrorKind::internal, "cpu::convert: accumulates from f64, f32 or bf16, found " + src.str());
+}
+
 }  // namespace
 
 void convert(const ConvertArgs& args) {
@@ -36,6 +52,14 @@ void convert(const ConvertArgs& args) {
   if (src.numel() != dst.numel())
     fail(ErrorKind::internal, "cpu::convert: src and dst must hold the same number of elements, found " + src.str() +
                                   " and " + dst.str() + "; reshape one of them or fix the caller");
+  if (args.accumulate) {
+    if (src.data == dst.data)
+      fail(ErrorKind::internal, "cpu::convert: accumulate adds src to a different dst, found both at " + src.str());
+    if (dst.dtype == DType::f32) return add_into<float>(src, dst);
+    if (dst.dtype == DType::f64) return add_into<double>(src, dst);
+    fail(ErrorKind::internal, "cpu::convert: accumulates into f32 or f64, found dst " + dst.str() +
+                                  "; gradients are accumulated in the master dtype");
+  }
   if (src.dtype == dst.dtype) {
     if (src.data != dst.data) std::memmove(dst.data, src.data, src.bytes());
     return;

@@ -62,7 +62,7 @@ void mean(const MeanArgs& args) {
   if (args.x.numel() == 0)
     fail(ErrorKind::internal, "mean: expected at least one element, found " + args.x.str() + "; skip empty reductions");
   const double value = sum_of(args.x, "mean", [](double v) { return v; }) / double(args.x.numel());
-  write(args.out, args.x, double(args.weight) * value, args.accumulate, "mean");
+  write(args.out, args.x, args.weight * value, args.accumulate, "mean");
 }
 
 }  // namespace smelt::cpu

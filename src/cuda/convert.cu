@@ -1,4 +1,4 @@
-// Element-wise dtype conversion (f32 <-> bf16, same-dtype copy) and fill on the GPU; the
+// Element-wise dtype conversion (f32 <-> bf16, same-dtype copy, or added into f32) and fill on the GPU; the
 // bfloat16 rounding is core/numerics.h's, so both backends round identically.
 #include "core/numerics.h"
 #include "cuda/cuda_common.cuh"
@@ -16,6 +16,13 @@ __global__ void convert_bf16_to_float(const uint16_t* src, float* dst, int64_t c
     dst[i] = bf16_to_float(src[i]);
 }
 
+// dst += src (widened to f32).
+template <typename Source>
+__global__ void add_into_float(const Source* src, float* dst, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] += load_float(src, i);
+}
+
 template <typename Bits>
 __global__ void fill_bits(Bits* dst, Bits bits, int64_t count) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
@@ -31,6 +38,17 @@ void convert(CudaContext& context, const ConvertArgs& args) {
   const int64_t count = args.src.numel();
   expect_numel(args.dst, count, op, "dst");
   const unsigned grid = grid_for(count, 256, context.multiprocessors);
+  if (args.accumulate) {  // gradient accumulation: a received shard added to the f32 shard
+    if (args.dst.dtype != DType::f32 || args.src.data == args.dst.data)
+      fail(ErrorKind::internal, "cuda convert: accumulate adds src into another f32 dst, found " + args.src.str() +
+                                    " -> " + args.dst.str() + "; gradients are accumulated in f32");
+    dispatch_activation(args.src.dtype, op, [&](auto element) {
+      using T = decltype(element);
+      add_into_float<T><<<grid, 256, 0, context.stream>>>(args.src.as<T>(), args.dst.as<float>(), count);
+      SMELT_CUDA_LAUNCH_CHECK("add_into_float");
+    });
+    return;
+  }
   if (args.src.dtype == args.dst.dtype) {
     if (args.src.data != args.dst.data)
       SMELT_CUDA_CHECK(cudaMemcpyAsync(args.dst.data, args.src.data, args.src.bytes(), cudaMemcpyDeviceToDevice,

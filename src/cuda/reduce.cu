@@ -114,7 +114,7 @@ void mean(CudaContext& context, const MeanArgs& args) {
   if (args.x.numel() == 0)
     fail(ErrorKind::internal, "cuda mean: expected at least one element, found " + args.x.str() +
                                   "; skip empty reductions");
-  reduce<Term::value>(context, args.x, args.out, double(args.weight) / double(args.x.numel()), args.accumulate, "mean");
+  reduce<Term::value>(context, args.x, args.out, args.weight / double(args.x.numel()), args.accumulate, "mean");
 }
 
 }  // namespace smelt::cuda

@@ -143,7 +143,7 @@ struct MeanArgs {
   TensorView x;    // (n) f32
   TensorView out;  // (1) f32
   bool accumulate = false;  // out[0] += ...
-  float weight = 1;
+  double weight = 1;
 };
 
 // One run of a flat parameter range: elements [begin, begin + count), whose compute-dtype copy
@@ -188,6 +188,9 @@ struct AdamwArgs {
 // Element-wise dtype conversion (f32 <-> bf16 <-> f64), same element count.
 struct ConvertArgs {
   TensorView src, dst;
+  // dst += src (converted): gradient accumulation adds a received gradient shard to the shard.
+  // Into f32 (f64 on the CPU) only.
+  bool accumulate = false;
 };
 
 // Float8 quantisation: dst = saturate(src * scale) in e4m3/e5m2; scales are

@@ -276,11 +276,12 @@ std::vector<std::string> changes_that_fit(const ModelConfig& model, const PlanOp
       o.shape.batch = batch;
       changes.push_back(note("--training.local_batch_size=" + std::to_string(batch), arena(o)));
     }
-    // One rank's whole model: the same sequences per step, in passes of a batch that fits, their
-    // gradients accumulated (kept in f32, so the fitting batch may be smaller still).
-    const bool data_parallel = options.shard_degree > 1 || options.replicate_degree > 1 || options.shard_single_rank;
+    // The same sequences per step, in passes of a batch that fits, their gradients accumulated
+    // (kept in f32, so the fitting batch may be smaller still). Per rank: the global batch is this
+    // times the data-parallel ranks.
+    const int64_t ranks = options.shard_degree * options.replicate_degree;
     const int64_t sequences = options.shape.batch * options.microbatches;
-    for (int64_t pass = batch; pass >= 1 && !data_parallel; --pass) {
+    for (int64_t pass = batch; pass >= 1; --pass) {
       if (sequences % pass != 0 || pass == sequences) continue;
       PlanOptions o = options;
       o.shape.batch = pass;
@@ -288,8 +289,9 @@ std::vector<std::string> changes_that_fit(const ModelConfig& model, const PlanOp
       const double bytes = arena(o);
       if (bytes > budget_bytes) continue;
       changes.push_back(note("--training.local_batch_size=" + std::to_string(pass) + " --training.global_batch_size=" +
-                                 std::to_string(sequences) + " (" + std::to_string(o.microbatches) +
-                                 " accumulated passes a step: the same " + std::to_string(sequences) + " sequences)",
+                                 std::to_string(sequences * ranks) + " (" + std::to_string(o.microbatches) +
+                                 " accumulated passes a step: the same " + std::to_string(sequences * ranks) +
+                                 " sequences)",
                              bytes));
       break;
     }

@@ -368,27 +368,38 @@ PlanTime CostModel::predict(const StepPlan& plan) const {
     // FSDP: each block's weights are gathered before its forward and again before its backward,
     // its gradients reduce-scattered after; the next block's transfer overlaps this block's compute.
     // Replicas (plain data parallel, HSDP): the unit's gradients (or shard) are then all-reduced over
-    // the replica group, which a ring does in 2 (R-1)/R of their size per rank.
+    // the replica group, which a ring does in 2 (R-1)/R of their size per rank. With gradient
+    // accumulation every pass gathers and reduce-scatters; replicas all-reduce once, in the last
+    // pass (in the master dtype when sharded: the accumulated shard).
     const double share = (degree - 1) / degree, bandwidth = ceilings_.collective_bytes_per_second;
     const double replica_share = 2 * (replicas - 1) / replicas / degree;
     const double compute_width = static_cast<double>(dtype_size(o.compute_dtype));
     const double master_width = static_cast<double>(dtype_size(o.reduce_dtype));  // gradients travel in it
+    const double replica_width = microbatches > 1 && o.shard_degree > 1 ? 4.0 : master_width;
     const double block_width = plan.float8_gathered() ? 1.0 : compute_width;   // float8 all-gather: e4m3 blocks
     const double block = static_cast<double>(m.layer_parameters());
     const double gather = block * block_width * share / bandwidth;
-    const double scatter = block * master_width * (share + replica_share) / bandwidth;
-    for (int64_t i = 0; i < m.n_layers; ++i) {
-      t.communication_seconds += 2 * gather + scatter;
-      t.exposed_communication_seconds += std::max(0.0, gather - forward[i]) + std::max(0.0, gather + scatter - backward[i]);
+    const double scatter = block * master_width * share / bandwidth;
+    const double replica = block * replica_width * replica_share / bandwidth;
+    for (int64_t i = 0; i < m.n_layers; ++i) {  // per pass: forward[i] and backward[i] hold every pass's
+      const double forward_pass = forward[i] / microbatches, backward_pass = backward[i] / microbatches;
+      t.communication_seconds += microbatches * (2 * gather + scatter) + replica;
+      t.exposed_communication_seconds += microbatches * std::max(0.0, gather - forward_pass) +
+                                         (microbatches - 1) * std::max(0.0, gather + scatter - backward_pass) +
+                                         std::max(0.0, gather + scatter + replica - backward_pass);
     }
     const double ends = static_cast<double>(m.embedding_parameters() + m.vocab_size * m.dim);
     const double ends_gather = ends * compute_width * share / bandwidth;
-    const double ends_scatter = ends * master_width * (share + replica_share) / bandwidth;
-    t.communication_seconds += 2 * ends_gather + ends_scatter;
-    // The embedding's gather starts the step (exposed); the output head's traffic overlaps the head.
+    const double ends_scatter = ends * master_width * share / bandwidth;
+    const double ends_replica = ends * replica_width * replica_share / bandwidth;
+    t.communication_seconds += microbatches * (2 * ends_gather + ends_scatter) + ends_replica;
+    // The embedding's gather starts each pass (exposed); the output head's traffic overlaps the head.
     const double embedding_share = static_cast<double>(m.embedding_parameters()) / ends;
-    t.exposed_communication_seconds += ends_gather * embedding_share;
-    t.exposed_communication_seconds += std::max(0.0, (ends_gather * (2 - embedding_share) + ends_scatter) - head);
+    const double head_pass = head / microbatches;
+    t.exposed_communication_seconds += microbatches * ends_gather * embedding_share;
+    t.exposed_communication_seconds +=
+        (microbatches - 1) * std::max(0.0, (ends_gather * (2 - embedding_share) + ends_scatter) - head_pass) +
+        std::max(0.0, (ends_gather * (2 - embedding_share) + ends_scatter + ends_replica) - head_pass);
   }
   t.seconds = t.compute_seconds + t.exposed_communication_seconds;
   t.tokens_per_second = t.seconds > 0 ? static_cast<double>(o.shape.tokens()) * microbatches / t.seconds : 0;

@@ -119,6 +119,10 @@ class ShardScheduler {
                                                Shape{gradient_size_[r]}, BufferClass::communication, true);
         plan_.reduce_receive[r] = builder_.buffer("reduce-scatter gradients, bf16 shard" + which, DType::bf16,
                                                   Shape{shard_size_[r]}, BufferClass::communication, true);
+      } else if (plan_.options.microbatches > 1 && !plan_.collectives_in_place) {
+        // Gradient accumulation: each pass's shard lands here and is added to the gradient shard.
+        plan_.reduce_receive[r] = builder_.buffer("reduce-scatter gradients, shard received (accumulated)" + which,
+                                                  master, Shape{shard_size_[r]}, BufferClass::communication, true);
       }
     }
   }

@@ -178,7 +178,9 @@ struct StepPlan {
   // Sharded plans only (-1 otherwise): two gather buffers used alternately (a unit's weights, and
   // the next unit's arriving meanwhile), two buffers of unsharded gradients used alternately (a
   // unit's backward writes one while the other's reduce-scatter is in flight), and with a bf16
-  // reduce dtype the bf16 copies sent and the bf16 shards received, one per gradient buffer.
+  // reduce dtype the bf16 copies sent and the bf16 shards received, one per gradient buffer;
+  // with gradient accumulation (microbatches > 1) and a master-dtype reduce, the shards received
+  // in the master dtype (each pass's shard is added to the gradient shard, not written over it).
   // Each is sized by the largest unit that passes through it.
   // Plain data parallel plans use reduce_send alone: with a bf16 reduce, the bf16 copy a unit's
   // gradients are all-reduced in (two, alternately).

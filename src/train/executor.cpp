@@ -16,9 +16,8 @@ Executor::Executor(const StepPlan& plan, Backend& backend, Communicator* communi
       context_{plan_.model, plan.options.shape, backend, TensorView(), Float8Recipe::none, Float8Scratch{}},
       communicator_(communicator) {
   setup_sharding();
-  SMELT_CHECK(plan_.options.microbatches >= 1 && (plan_.options.microbatches == 1 || !data_parallel()),
-              "executor: gradient accumulation (" + std::to_string(plan_.options.microbatches) +
-                  " microbatches) runs on one rank's whole model; this plan is data parallel");
+  SMELT_CHECK(plan_.options.microbatches >= 1, "executor: a plan of " + std::to_string(plan_.options.microbatches) +
+                                                   " microbatches per step");
   context_.microbatches = plan_.options.microbatches;
   context_.rope_frequencies = view(plan_.rope_frequencies);
   if (plan_.workspace >= 0) backend_.set_workspace(view(plan_.workspace));
@@ -250,8 +249,8 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
     case StepKind::cast_weights: quantize_float8_weights(true); return;
     case StepKind::loss_reduce: {  // a microbatch's mean weighs 1 / microbatches of the step's loss
       const bool whole = evaluating_ || plan_.options.microbatches == 1;
-      backend_.mean({view(plan_.losses), view(plan_.loss), !whole && context_.accumulate_gradients,
-                     whole ? 1.0f : 1.0f / static_cast<float>(plan_.options.microbatches)});
+      backend_.mean({view(plan_.losses), view(plan_.loss), !whole && microbatch_ > 0,
+                     whole ? 1.0 : 1.0 / static_cast<double>(plan_.options.microbatches)});
       return;
     }
     case StepKind::all_gather:
@@ -345,8 +344,13 @@ bool Executor::in_set(StepSet set, StepKind kind) {
 }
 
 void Executor::run_steps(StepSet set, const OptimizerSettings& optimizer) {
-  for (size_t i = 0; i < plan_.steps.size(); ++i)
-    if (in_set(set, plan_.steps[i].kind)) run_indexed(i, optimizer);
+  // Replicas all-reduce the gradients a step accumulated once, in its last microbatch.
+  const bool last = microbatch_ + 1 == plan_.options.microbatches;
+  for (size_t i = 0; i < plan_.steps.size(); ++i) {
+    const StepKind kind = plan_.steps[i].kind;
+    if (!in_set(set, kind) || (set == StepSet::microbatch && kind == StepKind::all_reduce_gradients && !last)) continue;
+    run_indexed(i, optimizer);
+  }
   if (timing_ && set == StepSet::updates) backend_.timing_mark(plan_.steps.size());
 }
 
@@ -397,17 +401,26 @@ void Executor::run_microbatch(const OptimizerSettings& optimizer, int64_t index)
                                                " of a step of " + std::to_string(count));
   if (count == 1) return run_gradients(optimizer);
   timed_order_.clear();  // a trace times the step's last microbatch
-  context_.accumulate_gradients = index > 0;
+  microbatch_ = index;
+  // The backward adds to the gradients where they persist across passes (one rank's whole model,
+  // or a shard written in place); sharded with collectives, a unit's gradients are written to a
+  // passing buffer and its received shard is added instead (the reduce-scatter step).
+  context_.accumulate_gradients = index > 0 && (!sharded() || plan_.collectives_in_place);
   try {
-    // The first microbatch writes the gradients: op by op. The later ones all add: one graph.
-    if (index == 0) run_steps(StepSet::microbatch, optimizer);
+    // The first microbatch writes the gradients: op by op. The later ones all add: one graph
+    // (data parallel: op by op, the last pass also all-reduces replicas).
+    if (index == 0 || data_parallel()) run_steps(StepSet::microbatch, optimizer);
     else run_graphed(StepSet::microbatch, optimizer);
   } catch (...) {
     context_.accumulate_gradients = false;
+    microbatch_ = 0;
     throw;
   }
   context_.accumulate_gradients = false;
-  if (index == count - 1) run_steps(StepSet::gradient_norm, optimizer);
+  if (index == count - 1) {
+    run_steps(StepSet::gradient_norm, optimizer);
+    microbatch_ = 0;
+  }
 }
 
 void Executor::run_update(const OptimizerSettings& optimizer) { run_steps(StepSet::updates, optimizer); }

@@ -67,7 +67,10 @@ class Executor {
   // writes the gradients and the loss, the later ones add to them (the loss weighs each 1 / M,
   // and so does the loss gradient); the last also takes the gradient norm. With M = 1,
   // run_microbatch(optimizer, 0) is run_gradients. The first microbatch runs op by op, the
-  // later ones replay one CUDA graph (they all add).
+  // later ones replay one CUDA graph (they all add). Data parallel: sharded, each pass's
+  // gradients are reduce-scattered and the shard received is added to the gradient shard;
+  // replicas all-reduce the accumulated gradients (or shards) once, in the last pass; these
+  // steps run op by op.
   void run_microbatch(const OptimizerSettings& optimizer, int64_t index);
   int64_t microbatches() const { return plan_.options.microbatches; }
   void run_update(const OptimizerSettings& optimizer);
@@ -190,6 +193,10 @@ class Executor {
   };
   std::vector<Pending> pending_;                  // per buffer: the collective its users must wait for
   std::array<int, 2> receiving_unit_{-1, -1};     // bf16 reduce: the unit whose shard each receive buffer awaits
+  // Gradient accumulation, sharded: whether each receive buffer's shard is added to the gradient
+  // shard (a later microbatch's) or written over it (the step's first); set when it is issued.
+  std::array<bool, 2> receiving_adds_{false, false};
+  int64_t microbatch_ = 0;                        // the microbatch running (0 with one per step)
   std::array<int, 2> float8_unpack_unit_{-1, -1}; // float8 all-gather: the unit whose norms each slot awaits
   Float8Scratch float8_forward_scratch_, float8_backward_scratch_;
   int float8_transposed_layer_ = -1;              // the layer whose W^T copies are made

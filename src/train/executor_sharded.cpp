@@ -121,7 +121,8 @@ void Executor::finish_receive(int slot) {
   }
   const int receive = plan_.reduce_receive[static_cast<size_t>(slot)];
   wait_pending(receive);
-  backend_.convert({flat_slice(view(receive), 0, unit.shard), flat_slice(view(plan_.gradients), unit.shard_offset, unit.shard)});
+  backend_.convert({flat_slice(view(receive), 0, unit.shard), flat_slice(view(plan_.gradients), unit.shard_offset, unit.shard),
+                    receiving_adds_[static_cast<size_t>(slot)]});
 }
 
 // Everything issued has landed (before the gradient norm reads the gradient shards).
@@ -137,6 +138,13 @@ void Executor::all_reduce_replicas(const Step& step) {
   const ShardUnit& unit = unit_layout_->unit(step.unit);
   const int slot = step.op;
   if (sharded()) {
+    if (plan_.options.microbatches > 1) {  // the shard the step accumulated (its last pass only), in place
+      finish_receive(slot);
+      const CollectiveHandle handle =
+          c.all_reduce(flat_slice(view(plan_.gradients), unit.shard_offset, unit.shard), ReduceOp::average);
+      set_pending(plan_.gradients, c, handle);
+      return;
+    }
     if (plan_.reduce_receive[0] < 0) {  // the shard, in place in the f32 gradients
       const CollectiveHandle handle =
           c.all_reduce(flat_slice(view(plan_.gradients), unit.shard_offset, unit.shard), ReduceOp::average);
@@ -178,6 +186,17 @@ void Executor::run_collective(const Step& step) {
       for (const auto& [first, last] : unit.gaps) backend_.fill(flat_slice(gradients, first, last - first), 0.0f);
       const int slot = step.op;
       const int send = plan_.reduce_send[static_cast<size_t>(slot)];
+      const int receive = plan_.reduce_receive[static_cast<size_t>(slot)];
+      if (send < 0 && receive >= 0) {  // gradient accumulation: the shard received, then added to the shard
+        finish_receive(slot);  // the unit before last used this buffer
+        const CollectiveHandle handle = c.reduce_scatter(gradients, flat_slice(view(receive), 0, unit.shard),
+                                                         ReduceOp::average);
+        set_pending(step.unit_gradients, c, handle);
+        set_pending(receive, c, handle);
+        receiving_unit_[static_cast<size_t>(slot)] = step.unit;
+        receiving_adds_[static_cast<size_t>(slot)] = microbatch_ > 0;
+        return;
+      }
       if (send < 0) {  // gradients travel in the master dtype, straight into the shard
         const CollectiveHandle handle = c.reduce_scatter(gradients,
                                                          flat_slice(view(plan_.gradients), unit.shard_offset, unit.shard),
@@ -190,11 +209,11 @@ void Executor::run_collective(const Step& step) {
       wait_pending(send);
       const TensorView sent = flat_slice(view(send), 0, unit.padded);
       backend_.convert({flat_slice(gradients, 0, unit.padded), sent});
-      const int receive = plan_.reduce_receive[static_cast<size_t>(slot)];
       const CollectiveHandle handle = c.reduce_scatter(sent, flat_slice(view(receive), 0, unit.shard), ReduceOp::average);
       set_pending(send, c, handle);
       set_pending(receive, c, handle);
       receiving_unit_[static_cast<size_t>(slot)] = step.unit;
+      receiving_adds_[static_cast<size_t>(slot)] = microbatch_ > 0;  // gradient accumulation's later passes
       return;
     }
     case StepKind::all_reduce_gradients: return all_reduce_replicas(step);

@@ -77,14 +77,6 @@ int64_t gradient_accumulation_steps(const JobConfig& config, int64_t data_parall
                                 std::to_string(per_pass));
   const int64_t steps = t.global_batch_size / per_pass;
   if (steps == 1) return 1;
-  const ParallelismSection& p = config.parallelism;
-  if (data_parallel_ranks > 1 || p.shard_single_rank)
-    fail(ErrorKind::config, "training.global_batch_size = " + std::to_string(t.global_batch_size) +
-                                " asks for gradient accumulation (" + std::to_string(steps) +
-                                " passes per step), which runs on one rank's whole model; this run is data "
-                                "parallel (" + std::to_string(data_parallel_ranks) + " ranks" +
-                                (p.shard_single_rank ? ", parallelism.shard_single_rank" : "") +
-                                "). Raise local_batch_size instead, or set global_batch_size to -1");
   if (t.linear_grad_dtype == "bfloat16")
     fail(ErrorKind::config, "training.linear_grad_dtype = \"bfloat16\" keeps gradients that are written once; "
                             "gradient accumulation (training.global_batch_size = " +

@@ -37,8 +37,8 @@ struct RunSetup {
 double default_memory_budget(double device_memory_bytes);
 
 // Forward-backward passes per optimizer step (training.global_batch_size over local_batch_size x
-// data_parallel_ranks; 1 when it is -1). Errors name the keys: not a multiple, accumulation in a
-// data-parallel run, or with linear_grad_dtype = bfloat16.
+// data_parallel_ranks; 1 when it is -1). Errors name the keys: not a multiple, or accumulation
+// with linear_grad_dtype = bfloat16.
 int64_t gradient_accumulation_steps(const JobConfig& config, int64_t data_parallel_ranks);
 
 // Validates the config, loads the tokenizer and derives the model and plan options.

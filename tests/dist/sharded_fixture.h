@@ -32,12 +32,16 @@ struct ShardedCase {
   int64_t replicate = 1;
   bool float8_all_gather = false;  // gather float8 linears' weights in e4m3 (tensorwise, sharded)
   bool reshard_after_forward = true;  // false: each block's gathered weights kept for its backward
+  // Gradient accumulation: passes per step on every rank of a data-parallel run (the single-rank
+  // reference takes the whole step's sequences in one pass).
+  int64_t microbatches = 1;
 };
 
 // `world`: the ranks the run has (1: the single-rank reference, never replicated).
 inline PlanOptions sharded_plan_options(const ModelConfig& model, const ShardedCase& c, int64_t batch, int64_t world,
-                                        const Backend& backend) {
+                                        const Backend& backend, int64_t microbatches = 1) {
   PlanOptions o;
+  o.microbatches = microbatches;
   o.replicate_degree = world > 1 ? c.replicate : 1;
   const int64_t degree = world / o.replicate_degree;
   o.float8_all_gather = c.float8_all_gather;
@@ -77,7 +81,7 @@ inline std::vector<float> initial_weights(const ModelConfig& model, uint64_t see
   return host;
 }
 
-// Token ids of `steps` global batches of (ranks * B, T), inputs then targets per step.
+// Token ids of `steps` global batches of (ranks * B * microbatches, T), inputs then targets per step.
 struct GlobalBatches {
   std::vector<std::vector<int32_t>> inputs, targets;
 };
@@ -109,7 +113,9 @@ struct RunResult {
   std::vector<float> parameters, exp_avg, exp_avg_sq;  // whole model, after the last step
 };
 
-// One rank's training: `ranks` ranks each take rows [rank * B*T, (rank + 1) * B*T) of every global batch.
+// One rank's training: `ranks` ranks each take rows [rank * B*T, (rank + 1) * B*T) of every global batch
+// (with c.microbatches passes, pass k takes the k-th ranks * B*T of them); without a communicator,
+// the whole global batch in one pass.
 // `resume` (optional): start from its weights and moments after `first_step` steps (a checkpoint).
 inline RunResult train_one_rank(const ModelConfig& model, const ShardedCase& c, int ranks, Communicator* communicator,
                                 const std::vector<float>& initial, const GlobalBatches& batches,
@@ -118,8 +124,9 @@ inline RunResult train_one_rank(const ModelConfig& model, const ShardedCase& c, 
   auto backend = make_backend ? make_backend() : make_cpu_backend();
   const int64_t degree = communicator ? communicator->world_size() : 1;
   const int rank = communicator ? communicator->rank() : 0;
-  const int64_t batch = c.batch_per_rank * (communicator ? 1 : ranks);
-  const StepPlan plan = build_step_plan(model, sharded_plan_options(model, c, batch, degree, *backend));
+  const int64_t microbatches = communicator ? c.microbatches : 1;
+  const int64_t batch = c.batch_per_rank * (communicator ? 1 : ranks * c.microbatches);
+  const StepPlan plan = build_step_plan(model, sharded_plan_options(model, c, batch, degree, *backend, microbatches));
   Executor executor(plan, *backend, communicator);
   executor.reset_optimizer_state();
   if (resume) {
@@ -131,10 +138,13 @@ inline RunResult train_one_rank(const ModelConfig& model, const ShardedCase& c, 
   const size_t tokens = static_cast<size_t>(batch * c.seq_len);
   RunResult result;
   for (int s = first_step; s < c.steps; ++s) {
-    const size_t first = static_cast<size_t>(rank) * tokens;
-    executor.load_batch(batches.inputs[static_cast<size_t>(s)].data() + first,
-                        batches.targets[static_cast<size_t>(s)].data() + first);
-    executor.run(test_optimizer(s + 1));
+    for (int64_t k = 0; k < microbatches; ++k) {
+      const size_t first = static_cast<size_t>(k * ranks + rank) * tokens;
+      executor.load_batch(batches.inputs[static_cast<size_t>(s)].data() + first,
+                          batches.targets[static_cast<size_t>(s)].data() + first);
+      executor.run_microbatch(test_optimizer(s + 1), k);
+    }
+    executor.run_update(test_optimizer(s + 1));
     result.losses.push_back(executor.loss());
     result.gradient_norms.push_back(executor.gradient_norm());
   }

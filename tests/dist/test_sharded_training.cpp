@@ -114,7 +114,8 @@ TEST_P(ShardedMatchesSingleRank, LossesWeightsAndMomentsAfterThreeSteps) {
   const ShardedCase& c = scenario.c;
   const ModelConfig model = testing::small_model();
   const std::vector<float> initial = testing::initial_weights(model, 17);
-  const GlobalBatches batches = testing::random_batches(model, ranks * c.batch_per_rank * c.seq_len, c.steps, 23);
+  const GlobalBatches batches =
+      testing::random_batches(model, ranks * c.batch_per_rank * c.microbatches * c.seq_len, c.steps, 23);
   const RunResult single = testing::train_one_rank(model, c, ranks, nullptr, initial, batches);
   // The run must train (weights move, clipping is active) or matching it proves little.
   ASSERT_GT(single.gradient_norms[0], testing::test_optimizer(1).max_norm);
@@ -148,6 +149,12 @@ const Scenario kScenarios[] = {
     {"bf16 full kept", {.policy = "full", .compute = DType::bf16, .reshard_after_forward = false}},
     {"bf16 fp8-tensorwise kept",
      {.policy = "none", .compute = DType::bf16, .float8 = Float8Recipe::tensorwise, .reshard_after_forward = false}},
+    // Gradient accumulation: each pass's gradients reduce-scattered, the shard received added.
+    {"f64 none accumulated", {.policy = "none", .compute = DType::f64, .microbatches = 2}},
+    {"f32 selective-op accumulated", {.policy = "selective-op", .microbatches = 3}},
+    {"f32 bf16-reduce accumulated", {.policy = "none", .reduce = DType::bf16, .microbatches = 2}},
+    {"bf16 full kept accumulated",
+     {.policy = "full", .compute = DType::bf16, .reshard_after_forward = false, .microbatches = 2}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ShardedMatchesSingleRank,
@@ -177,7 +184,8 @@ TEST_P(DataParallelMatchesSingleRank, LossesWeightsAndMomentsAfterThreeSteps) {
   c.replicate = layout.replicate;
   const ModelConfig model = testing::small_model();
   const std::vector<float> initial = testing::initial_weights(model, 19);
-  const GlobalBatches batches = testing::random_batches(model, layout.ranks * c.batch_per_rank * c.seq_len, c.steps, 29);
+  const GlobalBatches batches =
+      testing::random_batches(model, layout.ranks * c.batch_per_rank * c.microbatches * c.seq_len, c.steps, 29);
   const RunResult single = testing::train_one_rank(model, c, layout.ranks, nullptr, initial, batches);
   ASSERT_GT(single.gradient_norms[0], testing::test_optimizer(1).max_norm);
   const std::vector<RunResult> replicated = testing::train_sharded(model, c, layout.ranks, initial, batches);
@@ -193,6 +201,9 @@ const Scenario kReplicatedScenarios[] = {
     {"f32 full", {.policy = "full"}},
     {"f32 bf16-reduce", {.policy = "none", .reduce = DType::bf16}},
     {"bf16 selective-op", {.policy = "selective-op", .compute = DType::bf16}},
+    // Gradient accumulation: replicas all-reduce what the step accumulated, once, in its last pass.
+    {"f64 none accumulated", {.policy = "none", .compute = DType::f64, .microbatches = 3}},
+    {"f32 bf16-reduce accumulated", {.policy = "none", .reduce = DType::bf16, .microbatches = 2}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelMatchesSingleRank,

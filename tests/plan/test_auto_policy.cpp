@@ -144,7 +144,7 @@ TEST(AutoPolicy, NothingFitsNamesTheBreakdownAndTheSmallestChanges) {
 }
 
 // A batch too large for the budget: besides the smaller batch, the same sequences per step in
-// smaller accumulated passes (one rank's whole model only), and that plan fits.
+// smaller accumulated passes, and that plan fits.
 TEST(AutoPolicy, ABatchOverBudgetSuggestsAccumulatingSmallerPasses) {
   const ModelConfig model = proxy(2);
   const CostModel cost(h200_ceilings());
@@ -160,11 +160,13 @@ TEST(AutoPolicy, ABatchOverBudgetSuggestsAccumulatingSmallerPasses) {
   for (const auto& change : changes)
     found |= change.find("--training.local_batch_size=2 --training.global_batch_size=4 (2 accumulated passes") == 0;
   EXPECT_TRUE(found) << ::testing::PrintToString(changes);
-  // Not for data-parallel plans, whose passes would each reduce their gradients.
+  // Sharded over 2 ranks, the global batch counts both ranks' sequences.
   PlanOptions sharded = four;
   sharded.shard_degree = 2;
+  found = false;
   for (const auto& change : changes_that_fit(model, sharded, budget, cost))
-    EXPECT_EQ(change.find("global_batch_size"), std::string::npos) << change;
+    found |= change.find("--training.global_batch_size=8 (") != std::string::npos;
+  EXPECT_TRUE(found) << ::testing::PrintToString(changes_that_fit(model, sharded, budget, cost));
 }
 
 TEST(AutoPolicy, FixedPolicyOverBudgetSuggestsPolicies) {

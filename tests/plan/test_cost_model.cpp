@@ -176,6 +176,16 @@ TEST(CostModel, AccumulatedMicrobatchesRepeatThePassAndShareTheUpdate) {
                   table * (1 - 1.0 / static_cast<double>(microbatches)) / h200_ceilings().elementwise_bytes_per_second,
                   1e-12);
     }
+  // Data parallel: FSDP gathers and reduce-scatters in every pass; replicas all-reduce once a step.
+  PlanOptions fsdp = single, fsdp_accumulated = accumulated;
+  fsdp.shard_degree = fsdp_accumulated.shard_degree = 4;
+  EXPECT_NEAR(cost.predict(build_step_plan(model, fsdp_accumulated)).communication_seconds,
+              static_cast<double>(microbatches) * cost.predict(build_step_plan(model, fsdp)).communication_seconds, 1e-9);
+  PlanOptions replicas = single, replicas_accumulated = accumulated;
+  replicas.replicate_degree = replicas_accumulated.replicate_degree = 4;
+  const double all_reduce = cost.predict(build_step_plan(model, replicas)).communication_seconds;
+  EXPECT_GT(all_reduce, 0.0);
+  EXPECT_NEAR(cost.predict(build_step_plan(model, replicas_accumulated)).communication_seconds, all_reduce, 1e-9);
   EXPECT_NE(plan_summary_line(plan).find(std::to_string(microbatches * 8192) + " tokens/step (" +
                                          std::to_string(microbatches) + " accumulated microbatches of batch 1 x seq 8192)"),
             std::string::npos)

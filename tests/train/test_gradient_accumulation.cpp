@@ -100,11 +100,8 @@ TEST(GradientAccumulationTraining, BadSettingsAreErrorsNamingTheKeys) {
   config.training.global_batch_size = 12;
   expect_error(config, 4, {"training.global_batch_size (12)", "2 x 4 = 8"});
   config.training.global_batch_size = 16;  // two passes on each of 4 ranks
-  expect_error(config, 4, {"gradient accumulation", "data parallel (4 ranks)", "global_batch_size to -1"});
+  EXPECT_EQ(gradient_accumulation_steps(config, 4), 2);
   config.training.global_batch_size = 4;
-  config.parallelism.shard_single_rank = true;
-  expect_error(config, 1, {"parallelism.shard_single_rank"});
-  config.parallelism.shard_single_rank = false;
   config.training.mixed_precision_param = "bfloat16";
   config.training.linear_grad_dtype = "bfloat16";
   expect_error(config, 1, {"training.linear_grad_dtype", "float32"});
