@@ -116,20 +116,26 @@ CommunicationVolume communication_volume(const StepPlan& plan) {
   }
   const double compute_width = static_cast<double>(dtype_size(plan.options.compute_dtype));
   const double reduce_width = static_cast<double>(dtype_size(v.reduce_dtype));
+  // Gradient accumulation: gathers, reduce-scatters and the float8 amax in every pass; the
+  // replicas' all-reduce once (of the accumulated shard, in f32, when sharded).
+  const double passes = static_cast<double>(plan.options.microbatches);
+  const double replica_width =
+      plan.options.microbatches > 1 && plan.sharded() ? static_cast<double>(dtype_size(master_dtype(plan.options.compute_dtype)))
+                                                      : reduce_width;
   for (const Step& step : plan.steps) {
     if (step.kind == StepKind::all_gather) {
       const ShardUnit& u = layout.unit(step.unit);
-      v.all_gather_bytes += u.float8_gathered()
-                                ? static_cast<double>(u.padded) + static_cast<double>(u.remainder * layout.ranks()) * compute_width
-                                : static_cast<double>(u.padded) * compute_width;
+      v.all_gather_bytes += passes * (u.float8_gathered() ? static_cast<double>(u.padded) +
+                                                                static_cast<double>(u.remainder * layout.ranks()) * compute_width
+                                                          : static_cast<double>(u.padded) * compute_width);
     }
     if (step.kind == StepKind::reduce_scatter)
-      v.reduce_scatter_bytes += static_cast<double>(layout.unit(step.unit).padded) * reduce_width;
+      v.reduce_scatter_bytes += passes * static_cast<double>(layout.unit(step.unit).padded) * reduce_width;
     if (step.kind == StepKind::all_reduce_gradients)  // the unit (plain data parallel) or its shard (HSDP)
       v.all_reduce_bytes += static_cast<double>(plan.sharded() ? layout.unit(step.unit).shard
-                                                               : layout.unit(step.unit).length) * reduce_width;
+                                                               : layout.unit(step.unit).length) * replica_width;
     if (step.kind == StepKind::all_reduce_float8_amax)
-      v.all_reduce_bytes += static_cast<double>(plan.model.n_layers * kLayerWeightCount) * 4.0;
+      v.all_reduce_bytes += passes * static_cast<double>(plan.model.n_layers * kLayerWeightCount) * 4.0;
   }
   return v;
 }

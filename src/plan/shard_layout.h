@@ -62,7 +62,8 @@ class ShardLayout {
   int64_t local_total_ = 0;
 };
 
-// What a sharded plan's collectives move in one step (zero for unsharded plans). Sizes are of the
+// What a sharded plan's collectives move in one step, every accumulated pass's (zero for
+// unsharded plans). Sizes are of the
 // gathered / reduced buffers (nccl-tests' "size"); a ring moves (N-1)/N of that per rank.
 // Plain data parallel and HSDP plans add the all-reduces of gradients over replicas; float8
 // all-gather plans gather their float8 linears in e4m3 (gather_dtype e4m3; the rest of those

@@ -12,6 +12,7 @@
 #include "core/random.h"
 #include "plan/cost_model.h"
 #include "plan/plan_report.h"
+#include "plan/shard_layout.h"
 #include "support/fresh_random.h"
 
 namespace smelt {
@@ -181,6 +182,11 @@ TEST(CostModel, AccumulatedMicrobatchesRepeatThePassAndShareTheUpdate) {
   fsdp.shard_degree = fsdp_accumulated.shard_degree = 4;
   EXPECT_NEAR(cost.predict(build_step_plan(model, fsdp_accumulated)).communication_seconds,
               static_cast<double>(microbatches) * cost.predict(build_step_plan(model, fsdp)).communication_seconds, 1e-9);
+  const CommunicationVolume one = communication_volume(build_step_plan(model, fsdp));
+  const CommunicationVolume all = communication_volume(build_step_plan(model, fsdp_accumulated));
+  EXPECT_GT(one.reduce_scatter_bytes, 0.0);
+  EXPECT_NEAR(all.all_gather_bytes, static_cast<double>(microbatches) * one.all_gather_bytes, 1.0);
+  EXPECT_NEAR(all.reduce_scatter_bytes, static_cast<double>(microbatches) * one.reduce_scatter_bytes, 1.0);
   PlanOptions replicas = single, replicas_accumulated = accumulated;
   replicas.replicate_degree = replicas_accumulated.replicate_degree = 4;
   const double all_reduce = cost.predict(build_step_plan(model, replicas)).communication_seconds;
