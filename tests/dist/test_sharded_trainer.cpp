@@ -59,6 +59,25 @@ TrainResult train_ranks(const JobConfig& config, int ranks, std::vector<std::str
   return results[0];
 }
 
+// Gradient accumulation over ranks: 2 ranks of batch 1 in 2 passes a step (global batch 4) read
+// the 4 sequences one rank of batch 4 reads, and train the same.
+TEST(ShardedTrainer, TwoRanksAccumulatingTwoPassesTrainLikeOneRankOnTheWholeStep) {
+  Folder folder;
+  std::ostringstream single_log;
+  const TrainResult single = train(small_job(folder, "single", 4, 1), single_log);
+  JobConfig accumulated = small_job(folder, "accumulated", 1, 2);
+  accumulated.training.global_batch_size = 4;
+  std::vector<std::string> logs;
+  const TrainResult sharded = train_ranks(accumulated, 2, &logs);
+  // The plan is per rank: 64 of the step's 128 tokens.
+  EXPECT_NE(logs[0].find("64 tokens/step (2 accumulated microbatches of batch 1 x seq 32)"), std::string::npos)
+      << logs[0];
+  ASSERT_EQ(sharded.losses.size(), single.losses.size());
+  for (size_t s = 0; s < single.losses.size(); ++s)
+    EXPECT_NEAR(sharded.losses[s], single.losses[s], 2e-5) << "step " << s + 1;
+  EXPECT_NE(single.losses.front(), single.losses.back());
+}
+
 TEST(ShardedTrainer, TwoRanksTrainLikeOneRankOnTheWholeBatchAndOnlyRankZeroWrites) {
   Folder folder;
   std::ostringstream single_log;
