@@ -317,6 +317,15 @@ TEST_F(CudaOps, ConvertRoundsLikeCpu) {
   cuda_->convert({d_bf16, d_back});
   expect_bits_equal(want, download(d_bf16), "convert f32 -> bf16");
   expect_bits_equal(back, download(d_back), "convert bf16 -> f32");
+  // Accumulate (a received gradient shard added to the shard): f32 and bf16 sources into f32.
+  for (DType dtype : kActivationTypes) {
+    const HostTensor shard = random_tensor(DType::f32, Shape{4097}, 71), received = random_tensor(dtype, Shape{4097}, 72);
+    HostTensor sum = shard;
+    cpu_->convert({received.view, sum.view, true});
+    TensorView d_sum = upload(shard);
+    cuda_->convert({upload(received), d_sum, true});
+    expect_bits_equal(sum, download(d_sum), "convert accumulate " + std::string(dtype_name(dtype)) + " -> f32");
+  }
 }
 
 TEST_F(CudaOps, Float8OpsAreBitExactAgainstCpu) {
