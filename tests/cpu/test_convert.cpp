@@ -73,6 +73,39 @@ TEST(CpuConvert, EveryPairMatchesScalarCasts) {
   for (size_t i = 3; i < count; ++i) ASSERT_EQ(copy[i], f32[i]) << i;
 }
 
+// Accumulate adds src (widened) to dst: a received gradient shard added to the shard.
+TEST(CpuConvert, AccumulateAddsTheWidenedSourceToTheDestination) {
+  const size_t count = 1000;
+  const std::vector<double> base = random_doubles(count, 5), more = random_doubles(count, 6);
+  std::vector<float> shard(count), from_f32(count);
+  std::vector<uint16_t> from_bf16(count);
+  std::vector<double> wide(base), from_f64(more);
+  for (size_t i = 0; i < count; ++i) {
+    shard[i] = static_cast<float>(base[i] * 1e-20);  // magnitudes that stay finite in f32
+    from_f32[i] = static_cast<float>(more[i] * 1e-20);
+    from_bf16[i] = float_to_bf16(from_f32[i]);
+  }
+  std::vector<float> sum_f32(shard), sum_bf16(shard);
+  cpu::convert({TensorView(from_f32.data(), DType::f32, Shape{int64_t(count)}),
+                TensorView(sum_f32.data(), DType::f32, Shape{int64_t(count)}), true});
+  cpu::convert({TensorView(from_bf16.data(), DType::bf16, Shape{int64_t(count)}),
+                TensorView(sum_bf16.data(), DType::f32, Shape{int64_t(count)}), true});
+  cpu::convert({TensorView(from_f64.data(), DType::f64, Shape{int64_t(count)}),
+                TensorView(wide.data(), DType::f64, Shape{int64_t(count)}), true});
+  for (size_t i = 0; i < count; ++i) {
+    ASSERT_EQ(sum_f32[i], shard[i] + from_f32[i]) << i;
+    ASSERT_EQ(sum_bf16[i], shard[i] + bf16_to_float(from_bf16[i])) << i;
+    ASSERT_EQ(wide[i], base[i] + more[i]) << i;
+  }
+  // Into bf16, or onto itself: refused.
+  EXPECT_THROW(cpu::convert({TensorView(from_f32.data(), DType::f32, Shape{int64_t(count)}),
+                             TensorView(from_bf16.data(), DType::bf16, Shape{int64_t(count)}), true}),
+               Error);
+  EXPECT_THROW(cpu::convert({TensorView(shard.data(), DType::f32, Shape{int64_t(count)}),
+                             TensorView(shard.data(), DType::f32, Shape{int64_t(count)}), true}),
+               Error);
+}
+
 TEST(CpuConvert, RejectsBadArguments) {
   std::vector<float> a(8, 1.0f), b(9, 0.0f);
   std::vector<uint8_t> float8(8);
