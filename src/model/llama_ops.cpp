@@ -70,6 +70,23 @@ void linear_backward(const LayerViews& v, const ModelContext& c, W w, const Tens
     linear_backward(c.backend, x, weight(v, w), dy, dx, accumulate_dx, weight_grad(v, w), c.accumulate_gradients);
 }
 
+// A block norm's backward: its input gradient added to the residual gradient (with its amax
+// when a float8 linear's dy), its weight gradient written or, accumulating, added to.
+void norm_backward(const LayerViews& v, const ModelContext& c, A input, W norm, A rstd, G grad_out,
+                   const TensorView& amax = {}) {
+  RmsNormBackwardArgs r;
+  r.input = act(v, input);
+  r.weight = weight(v, norm);
+  r.rstd = act(v, rstd);
+  r.grad_out = grad(v, grad_out);
+  r.grad_input = v.residual_gradient;
+  r.accumulate = true;
+  r.grad_weight = weight_grad(v, norm);
+  r.accumulate_weight = c.accumulate_gradients;
+  r.amax = amax;
+  c.backend.rmsnorm_backward(r);
+}
+
 TensorView heads_view(const TensorView& x, int64_t heads, int64_t head_dim) {
   return x.reshaped(Shape{x.rows(), heads, head_dim});
 }
@@ -156,20 +173,9 @@ void run_backward_op(BackwardOp op, const LayerViews& v, const ModelContext& c) 
     case BackwardOp::up_proj:
       linear_backward(v, c, W::w3, act(v, A::ffn_norm_out), grad(v, G::up), grad(v, G::ffn_norm_out), true);
       return;
-    case BackwardOp::ffn_norm: {
-      RmsNormBackwardArgs r;
-      r.input = act(v, A::attn_residual);
-      r.weight = weight(v, W::ffn_norm);
-      r.rstd = act(v, A::ffn_rstd);
-      r.grad_out = grad(v, G::ffn_norm_out);
-      r.grad_input = v.residual_gradient;
-      r.accumulate = true;
-      r.grad_weight = weight_grad(v, W::ffn_norm);
-      r.accumulate_weight = c.accumulate_gradients;
-      r.amax = v.ffn_norm_grad_amax;  // wo's dy
-      b.rmsnorm_backward(r);
+    case BackwardOp::ffn_norm:  // its amax: wo's dy
+      norm_backward(v, c, A::attn_residual, W::ffn_norm, A::ffn_rstd, G::ffn_norm_out, v.ffn_norm_grad_amax);
       return;
-    }
     case BackwardOp::o_proj:
       linear_backward(v, c, W::wo, act(v, A::attn_out), v.residual_gradient, grad(v, G::attn_out), false);
       return;
@@ -203,19 +209,9 @@ void run_backward_op(BackwardOp op, const LayerViews& v, const ModelContext& c) 
       linear_backward(v, c, W::wv, act(v, A::attn_norm_out), grad(v, G::value), grad(v, G::attn_norm_out),
                       true);
       return;
-    case BackwardOp::attn_norm: {
-      RmsNormBackwardArgs r;
-      r.input = act(v, A::layer_input);
-      r.weight = weight(v, W::attn_norm);
-      r.rstd = act(v, A::attn_rstd);
-      r.grad_out = grad(v, G::attn_norm_out);
-      r.grad_input = v.residual_gradient;
-      r.accumulate = true;
-      r.grad_weight = weight_grad(v, W::attn_norm);
-      r.accumulate_weight = c.accumulate_gradients;
-      b.rmsnorm_backward(r);
+    case BackwardOp::attn_norm:
+      norm_backward(v, c, A::layer_input, W::attn_norm, A::attn_rstd, G::attn_norm_out);
       return;
-    }
     case BackwardOp::count: break;
   }
   SMELT_CHECK(false, "unknown backward op");
