@@ -177,8 +177,9 @@ std::vector<ConfigField> config_schema() {
            "round to in PyTorch's mixed precision, in half the memory, read in half the time by the gradient "
            "norm and AdamW; so is the output projection's when the loss head runs in one chunk "
            "(loss_chunk_tokens >= tokens per step), the embedding's and norms' stay float32. auto: bfloat16 "
-           "when mixed_precision_param is bfloat16 and the run is not data parallel (FSDP and replicas "
-           "reduce in parallelism.reduce_dtype), float32 otherwise",
+           "when mixed_precision_param is bfloat16, the run is not data parallel (FSDP and replicas "
+           "reduce in parallelism.reduce_dtype) and does not accumulate gradients (global_batch_size), "
+           "float32 otherwise",
            one_of({"auto", "float32", "bfloat16"})),
       bind("training", "output_weight_copy", &C::training, &TrainingSection::output_weight_copy,
            "the output projection's bfloat16 copy (runs of one whole model per rank with mixed_precision_param "
