@@ -374,8 +374,8 @@ PlanTime CostModel::predict(const StepPlan& plan) const {
     const double share = (degree - 1) / degree, bandwidth = ceilings_.collective_bytes_per_second;
     const double replica_share = 2 * (replicas - 1) / replicas / degree;
     const double compute_width = static_cast<double>(dtype_size(o.compute_dtype));
-    const double master_width = static_cast<double>(dtype_size(o.reduce_dtype));  // gradients travel in it
-    const double replica_width = microbatches > 1 && o.shard_degree > 1 ? 4.0 : master_width;
+    const double master_width = static_cast<double>(dtype_size(plan.gradient_reduce_dtype()));  // gradients travel in it
+    const double replica_width = static_cast<double>(dtype_size(plan.replica_reduce_dtype()));
     const double block_width = plan.float8_gathered() ? 1.0 : compute_width;   // float8 all-gather: e4m3 blocks
     const double block = static_cast<double>(m.layer_parameters());
     const double gather = block * block_width * share / bandwidth;

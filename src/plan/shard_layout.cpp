@@ -106,7 +106,7 @@ int64_t ShardLayout::largest_remainder() const {
 CommunicationVolume communication_volume(const StepPlan& plan) {
   CommunicationVolume v;
   v.gather_dtype = plan.float8_gathered() ? DType::e4m3 : plan.options.compute_dtype;
-  v.reduce_dtype = plan.options.reduce_dtype == DType::bf16 ? DType::bf16 : master_dtype(plan.options.compute_dtype);
+  v.reduce_dtype = plan.gradient_reduce_dtype();
   if (!plan.data_parallel()) return v;
   ShardLayout layout(ParameterLayout(plan.model), plan.sharded() ? plan.options.shard_degree : 1);
   if (plan.float8_gathered()) {
@@ -119,9 +119,7 @@ CommunicationVolume communication_volume(const StepPlan& plan) {
   // Gradient accumulation: gathers, reduce-scatters and the float8 amax in every pass; the
   // replicas' all-reduce once (of the accumulated shard, in f32, when sharded).
   const double passes = static_cast<double>(plan.options.microbatches);
-  const double replica_width =
-      plan.options.microbatches > 1 && plan.sharded() ? static_cast<double>(dtype_size(master_dtype(plan.options.compute_dtype)))
-                                                      : reduce_width;
+  const double replica_width = static_cast<double>(dtype_size(plan.replica_reduce_dtype()));
   for (const Step& step : plan.steps) {
     if (step.kind == StepKind::all_gather) {
       const ShardUnit& u = layout.unit(step.unit);

@@ -51,6 +51,14 @@ std::string Step::name() const {
 
 int64_t StepPlan::parameter_count() const { return model.total_parameters(); }
 
+DType StepPlan::gradient_reduce_dtype() const {
+  return options.reduce_dtype == DType::bf16 ? DType::bf16 : master_dtype(options.compute_dtype);
+}
+
+DType StepPlan::replica_reduce_dtype() const {
+  return options.microbatches > 1 && sharded() ? master_dtype(options.compute_dtype) : gradient_reduce_dtype();
+}
+
 int64_t StepPlan::local_parameter_count() const {
   const ParameterLayout layout(model);
   return sharded() ? ShardLayout(layout, options.shard_degree).local_total() : layout.total();  // replicas: the whole model

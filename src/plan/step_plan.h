@@ -245,6 +245,13 @@ struct StepPlan {
   bool data_parallel() const { return sharded() || replicated(); }
   int64_t world_size() const { return options.shard_degree * options.replicate_degree; }
   bool float8_gathered() const { return float8_shards >= 0; }
+  // Data-parallel plans: the dtype gradients travel in through the reduce-scatters (and through
+  // the replicas' all-reduce of one pass's gradients): bf16 with parallelism.reduce_dtype
+  // bfloat16, the master dtype otherwise.
+  DType gradient_reduce_dtype() const;
+  // The replicas' all-reduce: sharded plans that accumulate gradients over several passes
+  // all-reduce the accumulated shard, in the master dtype; otherwise gradient_reduce_dtype.
+  DType replica_reduce_dtype() const;
 
  private:
   // The run of compute_copy_ranges holding parameter `info` (it must lie within one).

@@ -138,14 +138,10 @@ void Executor::all_reduce_replicas(const Step& step) {
   const ShardUnit& unit = unit_layout_->unit(step.unit);
   const int slot = step.op;
   if (sharded()) {
-    if (plan_.options.microbatches > 1) {  // the shard the step accumulated (its last pass only), in place
-      finish_receive(slot);
-      const CollectiveHandle handle =
-          c.all_reduce(flat_slice(view(plan_.gradients), unit.shard_offset, unit.shard), ReduceOp::average);
-      set_pending(plan_.gradients, c, handle);
-      return;
-    }
-    if (plan_.reduce_receive[0] < 0) {  // the shard, in place in the f32 gradients
+    // The shard, in place in the f32 gradients: what the step accumulated (the last pass only,
+    // once its receive is added: finish_receive), or what the reduce-scatter wrote there.
+    if (plan_.options.microbatches > 1 || plan_.reduce_receive[0] < 0) {
+      finish_receive(slot);  // nothing to add without accumulation
       const CollectiveHandle handle =
           c.all_reduce(flat_slice(view(plan_.gradients), unit.shard_offset, unit.shard), ReduceOp::average);
       set_pending(plan_.gradients, c, handle);
@@ -187,17 +183,7 @@ void Executor::run_collective(const Step& step) {
       const int slot = step.op;
       const int send = plan_.reduce_send[static_cast<size_t>(slot)];
       const int receive = plan_.reduce_receive[static_cast<size_t>(slot)];
-      if (send < 0 && receive >= 0) {  // gradient accumulation: the shard received, then added to the shard
-        finish_receive(slot);  // the unit before last used this buffer
-        const CollectiveHandle handle = c.reduce_scatter(gradients, flat_slice(view(receive), 0, unit.shard),
-                                                         ReduceOp::average);
-        set_pending(step.unit_gradients, c, handle);
-        set_pending(receive, c, handle);
-        receiving_unit_[static_cast<size_t>(slot)] = step.unit;
-        receiving_adds_[static_cast<size_t>(slot)] = microbatch_ > 0;
-        return;
-      }
-      if (send < 0) {  // gradients travel in the master dtype, straight into the shard
+      if (send < 0 && receive < 0) {  // gradients travel in the master dtype, straight into the shard
         const CollectiveHandle handle = c.reduce_scatter(gradients,
                                                          flat_slice(view(plan_.gradients), unit.shard_offset, unit.shard),
                                                          ReduceOp::average);
@@ -205,12 +191,18 @@ void Executor::run_collective(const Step& step) {
         set_pending(plan_.gradients, c, handle);  // the latest; earlier ones precede it
         return;
       }
-      finish_receive(slot);  // the unit before last used these bf16 buffers
-      wait_pending(send);
-      const TensorView sent = flat_slice(view(send), 0, unit.padded);
-      backend_.convert({flat_slice(gradients, 0, unit.padded), sent});
-      const CollectiveHandle handle = c.reduce_scatter(sent, flat_slice(view(receive), 0, unit.shard), ReduceOp::average);
-      set_pending(send, c, handle);
+      // Through a receive buffer: the bf16 shard, widened into the f32 shard, or (gradient
+      // accumulation) the f32 shard, added to it in the later passes. finish_receive does either
+      // once the collective is done; first the unit before last's, which used these buffers.
+      finish_receive(slot);
+      TensorView source = gradients;
+      if (send >= 0) {  // bf16: the unit's gradients narrowed into the send buffer first
+        wait_pending(send);
+        source = flat_slice(view(send), 0, unit.padded);
+        backend_.convert({flat_slice(gradients, 0, unit.padded), source});
+      }
+      const CollectiveHandle handle = c.reduce_scatter(source, flat_slice(view(receive), 0, unit.shard), ReduceOp::average);
+      set_pending(send >= 0 ? send : step.unit_gradients, c, handle);
       set_pending(receive, c, handle);
       receiving_unit_[static_cast<size_t>(slot)] = step.unit;
       receiving_adds_[static_cast<size_t>(slot)] = microbatch_ > 0;  // gradient accumulation's later passes
