@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "model/model_fixture.h"
+#include "support/model_shapes.h"
 
 namespace smelt {
 namespace {
@@ -173,10 +174,7 @@ TEST(Float8SavedInputs, TheBf16InputLivesOnlyInTheForwardAndTheFloat8CopyUntilIt
 // by what the three inputs per block lose: half their bf16 bytes, less their scales and what the
 // packing of the other buffers around them gives back (a few per cent).
 TEST(Float8SavedInputs, SavesHalfTheBytesOfTheInputsItKeeps) {
-  ModelSection section;
-  section.flavor = "llama3_8b";
-  section.n_layers = 4;
-  const ModelConfig model = make_model_config(section, 0);
+  const ModelConfig model = testing_support::llama3_8b_layers(4);
   for (Float8Recipe recipe : {Float8Recipe::tensorwise, Float8Recipe::rowwise, Float8Recipe::blockwise}) {
     SCOPED_TRACE(std::string(float8_recipe_name(recipe)));
     PlanOptions options;

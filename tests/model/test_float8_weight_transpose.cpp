@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "model/model_fixture.h"
+#include "support/model_shapes.h"
 
 namespace smelt {
 namespace {
@@ -92,10 +93,7 @@ TEST(Float8WeightTranspose, OtherRecipesKeepTheirTransposedCopies) {
 // parameter count in bytes (less the W^T scratch slot, where it is live at the peak), under every
 // policy.
 TEST(Float8WeightTranspose, SavesAByteForEachFloat8ParameterOnTheProxy) {
-  ModelSection section;
-  section.flavor = "llama3_8b";
-  section.n_layers = 8;
-  const ModelConfig model = make_model_config(section, 0);
+  const ModelConfig model = testing_support::llama3_8b_layers(8);
   for (const char* policy : {"none", "selective-op", "full"}) {
     SCOPED_TRACE(policy);
     PlanOptions options;

@@ -14,6 +14,7 @@
 #include "model_fixture.h"
 #include "recording_backend.h"
 #include "support/fresh_random.h"
+#include "support/model_shapes.h"
 
 namespace smelt {
 namespace {
@@ -239,10 +240,7 @@ TEST(Float8Linear, AutoFilterKeepsSmallLinearsInBf16ByRecipe) {
 // The filter reaches the plan: with it, a rowwise 8B block keeps wk and wv in bf16 (and gives
 // them back their bf16 copies); without it, every block linear is float8; names still filter.
 TEST(Float8Plan, AutoFilterDecidesPerLinearInThePlan) {
-  ModelSection section;
-  section.flavor = "llama3_8b";
-  section.n_layers = 2;
-  const ModelConfig model = make_model_config(section, 0);
+  const ModelConfig model = testing_support::llama3_8b_layers(2);
   PlanOptions o;
   o.shape = {1, 256};
   o.compute_dtype = DType::bf16;

@@ -8,15 +8,13 @@
 #include "plan/cost_model.h"
 #include "plan/output_copy.h"
 #include "plan/step_plan.h"
+#include "support/model_shapes.h"
 
 namespace smelt {
 namespace {
 
 ModelConfig small_model(int64_t layers) {
-  ModelSection section;
-  section.flavor = "llama3_8b";
-  section.n_layers = layers;
-  ModelConfig model = make_model_config(section, 0);
+  ModelConfig model = testing_support::llama3_8b_layers(layers);
   model.vocab_size = 1000;
   model.dim = 200;  // norms (200) and wk / wv (100 x 200) are padded to 64-element steps
   model.n_heads = 4;
@@ -343,10 +341,7 @@ TEST(ComputeCopy, PersistentOutputCopyIsWrittenByTheOptimizer) {
     o.persistent_output_copy = true;
     return std::make_pair(per_step, build_step_plan(model, o).memory.arena_bytes);
   };
-  ModelSection proxy_section;
-  proxy_section.flavor = "llama3_8b";
-  proxy_section.n_layers = 8;
-  const ModelConfig proxy = make_model_config(proxy_section, 0);
+  const ModelConfig proxy = testing_support::llama3_8b_layers(8);
   PlanOptions proxy_options = bf16_options();
   proxy_options.shape = {1, 8192};
   proxy_options.loss_chunk_tokens = 8192;

@@ -14,16 +14,12 @@
 #include "plan/plan_report.h"
 #include "plan/shard_layout.h"
 #include "support/fresh_random.h"
+#include "support/model_shapes.h"
 
 namespace smelt {
 namespace {
 
-ModelConfig proxy(int64_t layers) {
-  ModelSection section;
-  section.flavor = "llama3_8b";
-  section.n_layers = layers;
-  return make_model_config(section, 0);
-}
+ModelConfig proxy(int64_t layers) { return testing_support::llama3_8b_layers(layers); }
 
 PlanOptions options(const std::string& policy) {
   PlanOptions o;

@@ -5,19 +5,17 @@
 #include <nlohmann/json.hpp>
 
 #include "plan/memory_timeline.h"
+#include "support/model_shapes.h"
 
 namespace smelt {
 namespace {
 
 StepPlan small_plan() {
-  ModelSection section;
-  section.flavor = "llama3_8b";
-  section.n_layers = 2;
   PlanOptions o;
   o.shape = {1, 1024};
   o.compute_dtype = DType::bf16;
   o.policy = parse_checkpoint_policy("selective-op");
-  return build_step_plan(make_model_config(section, 0), o);
+  return build_step_plan(testing_support::llama3_8b_layers(2), o);
 }
 
 TEST(MemoryTimeline, JsonListsEveryBufferWithItsLifetime) {

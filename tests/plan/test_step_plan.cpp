@@ -7,16 +7,12 @@
 #include "model/fp8_linear.h"
 #include "plan/plan_report.h"
 #include "plan/step_plan.h"
+#include "support/model_shapes.h"
 
 namespace smelt {
 namespace {
 
-ModelConfig eight_billion(int64_t layers) {
-  ModelSection section;
-  section.flavor = "llama3_8b";
-  section.n_layers = layers;
-  return make_model_config(section, 0);
-}
+ModelConfig eight_billion(int64_t layers) { return testing_support::llama3_8b_layers(layers); }
 
 PlanOptions options(const std::string& policy, int64_t batch = 1, int64_t seq = 8192) {
   PlanOptions o;
@@ -200,10 +196,7 @@ TEST(ModelConfig, PresetsHaveThePublishedShapes) {
   EXPECT_EQ(debug.vocab_size, 258);
   EXPECT_EQ(debug.ffn_dim, 768);
   // torchtitan's FLOPs per token for the 8-layer proxy: 496 TFLOPS at 29,440 tokens/s (BENCHMARKS.md).
-  ModelSection proxy;
-  proxy.flavor = "llama3_8b";
-  proxy.n_layers = 8;
-  EXPECT_NEAR(make_model_config(proxy, 0).training_flops_per_token(8192) * 29440 / 1e12, 496, 1);
+  EXPECT_NEAR(eight_billion(8).training_flops_per_token(8192) * 29440 / 1e12, 496, 1);
 }
 
 TEST(ModelConfig, OverridesAndErrors) {

@@ -6,15 +6,13 @@
 #include <gtest/gtest.h>
 
 #include "plan/step_plan.h"
+#include "support/model_shapes.h"
 
 namespace smelt {
 namespace {
 
 ModelConfig small_model(int64_t layers) {
-  ModelSection section;
-  section.flavor = "llama3_8b";
-  section.n_layers = layers;
-  ModelConfig model = make_model_config(section, 0);
+  ModelConfig model = testing_support::llama3_8b_layers(layers);
   model.vocab_size = 512;
   model.dim = 128;
   model.n_heads = 4;
