@@ -1,5 +1,5 @@
 // smelt: the command line. Subcommands train, plan, bench, prepare,
-// tokenizer train, generate, export and config-keys; every error
+// tokenizer train, generate, export, import-config and config-keys; every error
 // becomes a message on stderr and a non-zero exit code (2 for config errors).
 #include <cstdio>
 #include <iostream>
@@ -9,6 +9,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "export_command.h"
+#include "import_command.h"
 #include "plan_command.h"
 #include "core/error.h"
 #include "train/generate.h"
@@ -82,6 +83,13 @@ int main(int argc, char** argv) {
   export_command->add_option("--tokenizer", export_options.tokenizer, "Tokenizer spec recorded when importing an HF folder");
   export_command->add_option("--seq-len", export_options.seq_len, "Context length recorded (0: from the source)");
 
+  ImportCommandOptions import_options;
+  auto* import_command = app.add_subcommand(
+      "import-config", "Translate a torchtitan job config (TOML) into a smelt config, saying what changed");
+  import_command->add_option("--from", import_options.from, "torchtitan TOML file")->required();
+  import_command->add_option("--output", import_options.output, "smelt TOML to write (default: print it)");
+  import_command->add_flag("--force", import_options.force, "Overwrite --output if it exists");
+
   auto* keys_command = app.add_subcommand("config-keys", "List every config key with its type and meaning");
 
   try {
@@ -95,6 +103,7 @@ int main(int argc, char** argv) {
     if (*generate_command) return run_generate(generate_options);
     if (*prepare_command) return run_prepare(prepare_options);
     if (*export_command) return run_export(export_options);
+    if (*import_command) return run_import_config(import_options);
     if (*tokenizer_train) return run_tokenizer_train(tokenizer_options);
     if (*keys_command) {
       std::cout << config_keys_help();

@@ -138,6 +138,8 @@ struct JobConfig {
 
 // Reads `path` (TOML) over the defaults. Errors (ErrorKind::config) name the file, line and key.
 JobConfig load_config_file(const std::string& path);
+// The same for TOML text read from `path` (named in errors).
+JobConfig load_config_text(const std::string& contents, const std::string& path);
 // Applies one "section.key=value" override (value parsed by the key's type).
 void apply_override(JobConfig& config, const std::string& assignment);
 // Checks ranges and cross-field rules; errors name the key.

@@ -117,6 +117,39 @@ TEST(Cli, BadPolicyAndOutOfRangeValuesExitWithTwo) {
   EXPECT_NE(range.output.find("training.local_batch_size"), std::string::npos) << range.output;
 }
 
+// `smelt import-config`: a torchtitan file becomes a smelt config that `smelt plan` runs; an
+// existing output is kept unless --force; a file smelt cannot honour exits 2 and writes nothing.
+TEST(Cli, ImportConfigWritesASmeltConfigThatPlans) {
+  const smelt::testing_support::TemporaryFolder folder;
+  const std::string torchtitan = folder.write(
+      "tt.toml", "[model]\nflavor = \"8B\"\nconverters = [\"float8\"]\n[training]\nseq_len = 4096\n"
+                 "[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"op\"\n[compile]\nenable = true\n");
+  const std::string output = folder.path("smelt.toml");
+  Outcome o = run_smelt("import-config --from " + torchtitan + " --output " + output);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  for (const char* expected : {"translated:", "model.flavor = \"8B\" -> model.flavor = \"llama3_8b\"",
+                               "set aside", "compile.enable", "wrote "})
+    EXPECT_NE(o.output.find(expected), std::string::npos) << "missing '" << expected << "' in:\n" << o.output;
+  Outcome plan = run_smelt("plan --config " + output + " --format json");
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  const auto j = nlohmann::json::parse(plan.output);
+  EXPECT_EQ(j["model"]["n_layers"], 32);
+  EXPECT_EQ(j["policy"], "selective-op");
+  // An existing output is kept.
+  { std::ofstream(output) << "# mine\n"; }
+  Outcome again = run_smelt("import-config --from " + torchtitan + " --output " + output);
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_NE(again.output.find("--force"), std::string::npos) << again.output;
+  std::ifstream kept(output);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "# mine\n");
+  // Tensor parallelism: exit 2, the key and line named, nothing written.
+  const std::string parallel = folder.write("tp.toml", "[parallelism]\ntensor_parallel_degree = 8\n");
+  Outcome refused = run_smelt("import-config --from " + parallel + " --output " + folder.path("tp_smelt.toml"));
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_NE(refused.output.find("tp.toml:2:"), std::string::npos) << refused.output;
+  EXPECT_FALSE(fs::exists(folder.path("tp_smelt.toml")));
+}
+
 TEST(Cli, CudaWithoutAGpuIsAClearError) {
   if (fs::exists("/dev/nvidia0")) GTEST_SKIP() << "a GPU is present";
   Outcome o = run_smelt("train --job.device=cuda --training.steps=1");

@@ -12,6 +12,7 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "support/expect_error.h"
 #include "support/temporary_folder.h"
 
 namespace smelt {
@@ -23,16 +24,7 @@ using testing_support::TemporaryFolder;
 
 // Runs `action`, expects a config error whose message contains every one of `needles`.
 void expect_config_error(const std::function<void()>& action, const std::vector<std::string>& needles) {
-  try {
-    action();
-  } catch (const Error& error) {
-    EXPECT_EQ(error.kind(), ErrorKind::config) << error.what();
-    for (const std::string& needle : needles)
-      EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
-          << "expected \"" << needle << "\" in the message: " << error.what();
-    return;
-  }
-  ADD_FAILURE() << "expected a config error mentioning \"" << needles.front() << "\", got none";
+  testing_support::expect_error(ErrorKind::config, action, needles);
 }
 
 void expect_file_error(const std::string& text, const std::vector<std::string>& needles) {

@@ -1,0 +1,27 @@
+// Reading smelt's config schema out of TOML: the file's text, its parse, a value converted to a
+// key's type. Errors name the file, line and column. Shared by config loading (config.cpp) and
+// the torchtitan import (torchtitan_config.cpp).
+#pragma once
+#include <string>
+#include <vector>
+
+#include <toml++/toml.h>
+
+#include "core/config_schema.h"
+
+namespace smelt {
+
+// The text of a config file; a missing path, a folder or an unreadable file is a config error.
+std::string read_config_source(const std::string& path);
+// The TOML document in `contents` (read from `path`); a syntax error is a config error at its line.
+toml::table parse_config_toml(const std::string& contents, const std::string& path);
+// "path:line:column" of a place in a TOML file.
+std::string toml_location(const std::string& path, const toml::source_region& region);
+// `node` converted to the field's type (integers are fine for floats; nothing else converts); a
+// wrong type is a config error naming the key and its place.
+ConfigValue read_toml_value(const ConfigField& field, const toml::node& node, const std::string& path);
+// The schema's field section.key, or nullptr.
+const ConfigField* find_field(const std::vector<ConfigField>& schema, const std::string& section,
+                              const std::string& key);
+
+}  // namespace smelt
