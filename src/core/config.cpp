@@ -165,7 +165,7 @@ void apply_override(JobConfig& config, const std::string& assignment) {
     std::string suggestion = suggest_key(schema, section, key);
     if (suggestion.empty())
       suggestion = " Keys in [" + section + "]: " + keys_of_section(schema, section) + ".";
-    fail(ErrorKind::config, quoted + ": unknown key " + name + "." + suggestion);
+    fail(ErrorKind::config, quoted + ": unknown key " + name + "." + suggestion + torchtitan_hint(section, key));
   }
   std::string problem;
   std::optional<ConfigValue> value = parse_config_text(field->type, value_text, problem);
@@ -174,7 +174,8 @@ void apply_override(JobConfig& config, const std::string& assignment) {
                                 "; fix the value after '='");
   problem = check_config_rule(*field, *value);
   if (!problem.empty())
-    fail(ErrorKind::config, quoted + ": " + name + ": " + problem + "; fix the value after '='");
+    fail(ErrorKind::config, quoted + ": " + name + ": " + problem + "; fix the value after '='" +
+                                torchtitan_hint(section, key, &*value));
   field->set(config, *value);
 }
 

@@ -52,6 +52,7 @@ const std::vector<TorchtitanKey>& torchtitan_keys() {
        "smelt plans memory before step 0: `smelt plan --timeline FILE` draws every buffer's lifetime"},
       {"profiling", "save_memory_snapshot_folder", Kind::set_aside, "", "see profiling.enable_memory_snapshot"},
       {"metrics", "disable_color_printing", Kind::set_aside, "", "smelt prints no colours"},
+      {"metrics", "rank_0_only", Kind::set_aside, "", "rank 0 writes the metrics"},
       {"metrics", "save_tb_folder", Kind::set_aside, "", "smelt writes TensorBoard files to the run folder's tensorboard/"},
       {"metrics", "save_for_all_ranks", Kind::set_aside, "", "rank 0 writes the metrics"},
       {"metrics", "enable_wandb", Kind::neutral, "false", "smelt writes JSONL and TensorBoard metrics, not Weights & Biases"},
@@ -63,6 +64,13 @@ const std::vector<TorchtitanKey>& torchtitan_keys() {
        "smelt steps the optimizer after the backward (the gradient clip needs every gradient)"},
       {"lr_scheduler", "lr_min", Kind::rename, "lr_scheduler.min_lr_factor", ""},
       {"training", "dataset", Kind::special, "", ""},
+      // Earlier torchtitan releases: the batch, warm-up and parallel degrees lived in [training].
+      {"training", "batch_size", Kind::rename, "training.local_batch_size", ""},
+      {"training", "warmup_steps", Kind::rename, "lr_scheduler.warmup_steps", ""},
+      {"training", "data_parallel_shard_degree", Kind::rename, "parallelism.data_parallel_shard_degree", ""},
+      {"training", "data_parallel_replicate_degree", Kind::rename, "parallelism.data_parallel_replicate_degree", ""},
+      {"training", "tensor_parallel_degree", Kind::neutral, "1", kNoTensorParallel},
+      {"training", "enable_loss_parallel", Kind::set_aside, "", "loss parallelism comes with tensor parallelism"},
       {"training", "enable_cpu_offload", Kind::neutral, "false",
        "smelt keeps parameters, gradients and optimizer state on the GPU (shard them with "
        "parallelism.data_parallel_shard_degree)"},
@@ -91,6 +99,7 @@ const std::vector<TorchtitanKey>& torchtitan_keys() {
       {"parallelism", "expert_parallel_degree", Kind::neutral, "1", "Llama 3 has no experts"},
       {"parallelism", "expert_tensor_parallel_degree", Kind::neutral, "1", "Llama 3 has no experts"},
       {"checkpoint", "enable_checkpoint", Kind::rename, "checkpoint.enable", ""},
+      {"checkpoint", "model_weights_only", Kind::set_aside, "", kHfExport},
       {"checkpoint", "initial_load_path", Kind::rename, "checkpoint.load",
        "smelt starts from checkpoint.load at every launch, even when the run's checkpoint folder holds newer "
        "checkpoints (torchtitan then takes those), and resumes a smelt checkpoint whole, optimizer state and step "
@@ -121,6 +130,7 @@ const std::vector<TorchtitanKey>& torchtitan_keys() {
       {"float8", "force_recompute_fp8_weight_in_bwd", Kind::set_aside, "",
        "the plan decides what the backward keeps (float8.keep_transposed_weights)"},
       {"float8", "recipe_name", Kind::special, "", ""},
+      {"float8", "enable_float8_linear", Kind::special, "", ""},  // earlier releases' switch: the converter
       {"float8", "emulate", Kind::set_aside, "", "the CPU backend emulates float8 bit-exactly; GPUs run it in hardware"},
       {"float8", "moe_fqns_prototype", Kind::neutral, "[]", "Llama 3 has no experts"},
       {"mx", "*", Kind::special, "", ""},
@@ -129,6 +139,7 @@ const std::vector<TorchtitanKey>& torchtitan_keys() {
       {"memory_estimation", "*", Kind::set_aside, "", "`smelt plan` gives the memory before the run"},
       {"fault_tolerance", "enable", Kind::neutral, "false", "smelt has no TorchFT integration"},
       {"fault_tolerance", "*", Kind::set_aside, "", "fault tolerance is off"},
+      {"experimental", "pipeline_parallel_degree", Kind::neutral, "1", kNoPipeline},
       {"experimental", "custom_import", Kind::neutral, "\"\"", "smelt loads no Python modules"},
       {"experimental", "custom_args_module", Kind::neutral, "\"\"", "smelt loads no Python modules"},
       {"experimental", "*", Kind::set_aside, "", "torchtitan's experimental settings"},
@@ -413,6 +424,7 @@ class Importer {
   void resolve_float8() {
     const Found* converters = found("model.converters");
     const Found* recipe = found("float8.recipe_name");
+    std::string switch_text = "model.converters = [\"float8\"]";  // what turned float8 on
     bool float8 = false;
     if (converters) {
       const toml::array* list = converters->node->as_array();
@@ -435,6 +447,17 @@ class Importer {
         }
       }
     }
+    if (const Found* linear = found("float8.enable_float8_linear")) {  // earlier releases
+      auto on = linear->node->value_exact<bool>();
+      if (!on)
+        fail(ErrorKind::config, toml_location(path_, linear->node->source()) +
+                                    ": float8.enable_float8_linear expects a bool, found " + linear->text());
+      if (*on && !float8) {
+        float8 = true;
+        converters = linear;
+        switch_text = "float8.enable_float8_linear = true";
+      }
+    }
     if (const Found* mx = first_found_in_section("mx"))
       result_.set_aside.push_back(mx->where + ": [mx] (no \"mx\" converter: torchtitan ignores the section too)");
     if (!float8) {
@@ -453,10 +476,10 @@ class Importer {
       fail(ErrorKind::config, converters->where + ": float8.recipe and torchtitan's float8 converter disagree (" +
                                   format_config_value(settings_["float8.recipe"].value) + " against \"" + name +
                                   "\"); keep one");
-    const std::string from = "converters = [\"float8\"]" +
-                             std::string(recipe ? ", recipe_name = " + recipe->text() : " (recipe_name unset: tensorwise)");
+    const std::string from =
+        switch_text + (recipe ? ", float8.recipe_name = " + recipe->text() : " (recipe_name unset: tensorwise)");
     set("float8.recipe", name, "torchtitan's " + from);
-    result_.translated.push_back(converters->where + ": model." + from + " -> float8.recipe = \"" + name + "\"");
+    result_.translated.push_back(converters->where + ": " + from + " -> float8.recipe = \"" + name + "\"");
     // torchtitan converts the output projection too unless filtered; smelt keeps it in bf16.
     std::vector<std::string> filters;
     if (has("float8.filter_fqns")) filters = std::get<std::vector<std::string>>(settings_["float8.filter_fqns"].value);

@@ -207,6 +207,26 @@ TEST(TorchtitanConfig, WhatSmeltCannotDoIsAnErrorNamingKeyAndLine) {
                       {"tt.toml:3:", "float8.all_gather is set twice"});
 }
 
+// Earlier torchtitan releases kept the batch, the warm-up and the parallel degrees in [training]
+// and switched float8 on with enable_float8_linear.
+TEST(TorchtitanConfig, EarlierReleasesKeysTranslateToo) {
+  testing_support::FreshRandom random;
+  const int64_t batch = 1 + int64_t(random.below(16)), warmup = int64_t(random.below(500));
+  const int64_t shards = 1 + int64_t(random.below(8));
+  const TorchtitanImport imported = import_torchtitan_text(
+      "[training]\nbatch_size = " + std::to_string(batch) + "\nwarmup_steps = " + std::to_string(warmup) +
+          "\ndata_parallel_shard_degree = " + std::to_string(shards) + "\ntensor_parallel_degree = 1\n"
+          "[float8]\nenable_float8_linear = true\n[checkpoint]\nmodel_weights_only = false\n",
+      "tt.toml");
+  const JobConfig c = load_config_text(imported.toml, "imported.toml");
+  EXPECT_EQ(c.training.local_batch_size, batch);
+  EXPECT_EQ(c.lr_scheduler.warmup_steps, warmup);
+  EXPECT_EQ(c.parallelism.data_parallel_shard_degree, shards);
+  EXPECT_EQ(c.float8.recipe, "tensorwise");
+  EXPECT_TRUE(has_note(imported.translated, "tt.toml:7: float8.enable_float8_linear = true")) << all_notes(imported);
+  expect_import_error("[training]\ntensor_parallel_degree = 2\n", {"tt.toml:2:", "no tensor parallelism"});
+}
+
 // A warm start from another run's checkpoint: smelt's checkpoint.load differs from torchtitan's
 // initial_load_path on a relaunch, and the import says so.
 TEST(TorchtitanConfig, InitialLoadPathBecomesCheckpointLoadWithAWarning) {
@@ -230,6 +250,13 @@ TEST(TorchtitanConfig, SmeltsLoaderPointsTorchtitanFilesAtTheImport) {
       EXPECT_NE(std::string(error.what()).find("tt.toml:"), std::string::npos) << error.what();
     }
   }
+  // Overrides too.
+  JobConfig config;
+  testing_support::expect_error(ErrorKind::config, [&] { apply_override(config, "model.flavor=70B"); },
+                                {"model.flavor", "llama3_70b", "smelt import-config"});
+  testing_support::expect_error(ErrorKind::config,
+                                [&] { apply_override(config, "activation_checkpoint.selective_ac_option=op"); },
+                                {"selective_ac_option", "smelt import-config"});
   // A plain typo gets no such hint.
   try {
     load_config_text("[training]\nstepz = 3\n", "tt.toml");
