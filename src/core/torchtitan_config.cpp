@@ -427,23 +427,36 @@ class Importer {
     std::string switch_text = "model.converters = [\"float8\"]";  // what turned float8 on
     bool float8 = false;
     if (converters) {
-      const toml::array* list = converters->node->as_array();
-      if (!list)
+      // A list, or (as torchtitan's command line takes it) one comma-separated string.
+      std::vector<std::pair<std::string, const toml::node*>> names;
+      if (const toml::array* list = converters->node->as_array()) {
+        for (const toml::node& element : *list) {
+          auto name = element.value_exact<std::string>();
+          if (!name)
+            fail(ErrorKind::config, toml_location(path_, element.source()) +
+                                        ": model.converters expects strings, found " + node_literal(element));
+          names.emplace_back(*name, &element);
+        }
+      } else if (auto text = converters->node->value_exact<std::string>()) {
+        std::stringstream parts(*text);
+        for (std::string name; std::getline(parts, name, ',');)
+          if (!name.empty()) names.emplace_back(name, converters->node);
+      } else {
         fail(ErrorKind::config, toml_location(path_, converters->node->source()) +
                                     ": model.converters expects a list of strings, e.g. [\"float8\"], found " +
                                     converters->text());
-      for (const toml::node& element : *list) {
-        auto name = element.value_exact<std::string>();
-        if (name && *name == "float8") {
+      }
+      for (const auto& [name, node] : names) {
+        if (name == "float8") {
           float8 = true;
-        } else if (name && (*name == "mx" || *name == "mxfp8")) {
-          fail(ErrorKind::config, toml_location(path_, element.source()) +
-                                      ": model.converters: \"" + *name + "\": smelt has no MX formats (they need "
-                                      "Blackwell's block-scaled GEMMs); its float8 recipes: tensorwise, rowwise, "
-                                      "rowwise_with_gw_hp and blockwise (float8.recipe)");
+        } else if (name == "mx" || name == "mxfp8") {
+          fail(ErrorKind::config, toml_location(path_, node->source()) + ": model.converters: \"" + name +
+                                      "\": smelt has no MX formats (they need Blackwell's block-scaled GEMMs); its "
+                                      "float8 recipes: tensorwise, rowwise, rowwise_with_gw_hp and blockwise "
+                                      "(float8.recipe)");
         } else {
-          fail(ErrorKind::config, toml_location(path_, element.source()) + ": model.converters: " +
-                                      node_literal(element) + ": smelt knows the \"float8\" converter only");
+          fail(ErrorKind::config, toml_location(path_, node->source()) + ": model.converters: " + toml_string(name) +
+                                      ": smelt knows the \"float8\" converter only");
         }
       }
     }

@@ -178,7 +178,11 @@ TEST(TorchtitanConfig, KeysLeftOutTakeTorchtitansDefaults) {
       import_torchtitan_text("[model]\nflavor = \"8B\"\n[float8]\nrecipe_name = \"rowwise\"\n", "tt.toml");
   EXPECT_EQ(load_config_text(bf16.toml, "imported.toml").float8.recipe, "none");
   EXPECT_TRUE(has_note(bf16.set_aside, "tt.toml:4: float8.recipe_name")) << all_notes(bf16);
-  // The converter alone is torchao's default recipe.
+  // The converter alone is torchao's default recipe; torchtitan's command-line spelling (one
+  // comma-separated string) is read too.
+  EXPECT_EQ(load_config_text(import_torchtitan_text("[model]\nconverters = \"float8\"\n", "tt.toml").toml, "i.toml")
+                .float8.recipe,
+            "tensorwise");
   const TorchtitanImport tensorwise = import_torchtitan_text("[model]\nconverters = [\"float8\"]\n", "tt.toml");
   EXPECT_EQ(load_config_text(tensorwise.toml, "imported.toml").float8.recipe, "tensorwise");
 }
