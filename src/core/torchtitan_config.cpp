@@ -24,14 +24,15 @@ enum class Kind {
   rename,     // the same setting under smelt's name (`target`)
   set_aside,  // no effect in smelt (`why`)
   neutral,    // accepted at `neutral` only (what torchtitan does by default); anything else is an error (`why`)
-  special,    // resolved with other keys (resolve_* below)
+  special,    // resolved with other keys (resolve_* below), under `target` when it names the key's
+              // other spelling ([quantize.linear.float8] recipe_name is float8.recipe_name)
 };
 
 struct TorchtitanKey {
-  const char* section;
+  std::string section;  // nested tables joined with '.': "quantize.linear.float8"
   const char* key;  // "*": every key of the section
   Kind kind;
-  const char* target;   // rename: smelt's section.key; neutral: the accepted value, as TOML
+  const char* target;   // rename: smelt's section.key; neutral: the accepted values, as TOML, '|'-separated
   const char* why;      // set_aside and neutral: the reason; rename: a difference to warn about, or ""
 };
 
@@ -45,6 +46,9 @@ const std::vector<TorchtitanKey>& torchtitan_keys() {
       {"job", "config_file", Kind::set_aside, "", "the file itself"},
       {"job", "use_for_integration_test", Kind::set_aside, "", "torchtitan's own test-suite flag"},
       {"job", "print_args", Kind::set_aside, "", "smelt writes the effective config to the run folder's config.json"},
+      {"job", "print_config", Kind::set_aside, "", "smelt writes the effective config to the run folder's config.json"},
+      {"job", "save_config_file", Kind::set_aside, "", "smelt writes the effective config to the run folder's config.json"},
+      {"job", "custom_config_module", Kind::neutral, "\"\"", "smelt loads no Python modules"},
       {"profiling", "save_traces_folder", Kind::set_aside, "",
        "smelt writes one Chrome trace, profiling.trace_file (default: trace.json in the run folder)"},
       {"profiling", "profile_freq", Kind::set_aside, "", "smelt traces the steps it runs (`smelt bench --trace` for per-op spans)"},
@@ -53,11 +57,14 @@ const std::vector<TorchtitanKey>& torchtitan_keys() {
       {"profiling", "save_memory_snapshot_folder", Kind::set_aside, "", "see profiling.enable_memory_snapshot"},
       {"metrics", "disable_color_printing", Kind::set_aside, "", "smelt prints no colours"},
       {"metrics", "rank_0_only", Kind::set_aside, "", "rank 0 writes the metrics"},
+      {"metrics", "enable_color_printing", Kind::set_aside, "", "smelt prints no colours"},
       {"metrics", "save_tb_folder", Kind::set_aside, "", "smelt writes TensorBoard files to the run folder's tensorboard/"},
       {"metrics", "save_for_all_ranks", Kind::set_aside, "", "rank 0 writes the metrics"},
       {"metrics", "enable_wandb", Kind::neutral, "false", "smelt writes JSONL and TensorBoard metrics, not Weights & Biases"},
       {"model", "converters", Kind::special, "", ""},
       {"model", "hf_assets_path", Kind::special, "", ""},
+      {"model", "norm_type", Kind::neutral, "\"rmsnorm\"|\"fused_rmsnorm\"|\"compiled_rmsnorm\"",
+       "Llama 3's blocks normalise with RMSNorm (smelt's own fused kernels)"},
       {"model", "print_after_conversion", Kind::set_aside, "", "`smelt plan` says which linears run in float8"},
       {"optimizer", "implementation", Kind::set_aside, "", "smelt's AdamW is one fused pass over every parameter"},
       {"optimizer", "early_step_in_backward", Kind::neutral, "false",
@@ -68,6 +75,7 @@ const std::vector<TorchtitanKey>& torchtitan_keys() {
       {"training", "batch_size", Kind::rename, "training.local_batch_size", ""},
       {"training", "warmup_steps", Kind::rename, "lr_scheduler.warmup_steps", ""},
       {"training", "data_parallel_shard_degree", Kind::rename, "parallelism.data_parallel_shard_degree", ""},
+      {"training", "data_parallel_degree", Kind::rename, "parallelism.data_parallel_shard_degree", ""},
       {"training", "data_parallel_replicate_degree", Kind::rename, "parallelism.data_parallel_replicate_degree", ""},
       {"training", "tensor_parallel_degree", Kind::neutral, "1", kNoTensorParallel},
       {"training", "enable_loss_parallel", Kind::set_aside, "", "loss parallelism comes with tensor parallelism"},
@@ -75,6 +83,12 @@ const std::vector<TorchtitanKey>& torchtitan_keys() {
        "smelt keeps parameters, gradients and optimizer state on the GPU (shard them with "
        "parallelism.data_parallel_shard_degree)"},
       {"training", "mixed_precision_reduce", Kind::rename, "parallelism.reduce_dtype", ""},
+      {"training", "dtype", Kind::neutral, "\"float32\"",
+       "smelt keeps float32 master weights and optimizer state (training.mixed_precision_param is the compute dtype)"},
+      {"training.dataloader", "*", Kind::set_aside, "", "PyTorch DataLoader workers; smelt reads token shards directly"},
+      {"validation.dataloader", "*", Kind::set_aside, "", "PyTorch DataLoader workers; smelt reads token shards directly"},
+      {"debug", "seed", Kind::rename, "training.seed", ""},
+      {"debug", "*", Kind::set_aside, "", "PyTorch debugging switches"},
       {"training", "compile", Kind::set_aside, "", "smelt has nothing to compile: its kernels are fused ahead of time"},
       {"training", "gc_freq", Kind::set_aside, "", "Python garbage collection"},
       {"training", "gc_debug", Kind::set_aside, "", "Python garbage collection"},
@@ -100,6 +114,7 @@ const std::vector<TorchtitanKey>& torchtitan_keys() {
       {"parallelism", "expert_tensor_parallel_degree", Kind::neutral, "1", "Llama 3 has no experts"},
       {"checkpoint", "enable_checkpoint", Kind::rename, "checkpoint.enable", ""},
       {"checkpoint", "model_weights_only", Kind::set_aside, "", kHfExport},
+      {"checkpoint", "interval_type", Kind::neutral, "\"steps\"", "smelt counts checkpoint.interval in steps"},
       {"checkpoint", "initial_load_path", Kind::rename, "checkpoint.load",
        "smelt starts from checkpoint.load at every launch, even when the run's checkpoint folder holds newer "
        "checkpoints (torchtitan then takes those), and resumes a smelt checkpoint whole, optimizer state and step "
@@ -150,7 +165,26 @@ const std::vector<TorchtitanKey>& torchtitan_keys() {
       {"validation", "seq_len", Kind::set_aside, "", "smelt validates with the training batch"},
       {"validation", "steps", Kind::special, "", ""},
   };
-  return keys;
+  // The last TOML releases kept the float8 settings under [quantize.dense.float8], then
+  // [quantize.linear.float8] (converter "quantize.dense.float8" / "quantize.linear.float8").
+  static const std::vector<TorchtitanKey> all = [] {
+    std::vector<TorchtitanKey> k = keys;
+    for (const std::string dense : {"quantize.linear", "quantize.dense"}) {
+      const std::string float8 = dense + ".float8", mx = dense + ".mx";
+      k.push_back({float8, "enable_fsdp_float8_all_gather", Kind::rename, "float8.all_gather", ""});
+      k.push_back({float8, "precompute_float8_dynamic_scale_for_fsdp", Kind::set_aside, "",
+                   "smelt computes the float8 all-gather's scales in one all-reduce per step"});
+      k.push_back({float8, "recipe_name", Kind::special, "float8.recipe_name", ""});
+      k.push_back({float8, "filter_fqns", Kind::rename, "float8.filter_fqns", ""});
+      k.push_back({float8, "emulate", Kind::set_aside, "", "the CPU backend emulates float8 bit-exactly; GPUs run it in hardware"});
+      k.push_back({mx, "*", Kind::set_aside, "", "no MX converter listed (smelt has no MX formats)"});
+    }
+    for (const std::string experts : {"quantize.grouped_mm", "quantize.grouped_mm.float8", "quantize.grouped_mm.mx",
+                                "quantize.moe", "quantize.moe.float8", "quantize.moe.mx"})
+      k.push_back({experts, "*", Kind::set_aside, "", "mixture-of-experts settings; Llama 3 has no experts"});
+    return k;
+  }();
+  return all;
 }
 
 const TorchtitanKey* find_torchtitan_key(const std::string& section, const std::string& key) {
@@ -163,9 +197,11 @@ const TorchtitanKey* find_torchtitan_key(const std::string& section, const std::
   return whole_section;
 }
 
+// A section torchtitan has, or one holding nested sections it has ([quantize] of [quantize.linear.float8]).
 bool is_torchtitan_section(const std::string& section) {
-  return std::any_of(torchtitan_keys().begin(), torchtitan_keys().end(),
-                     [&](const TorchtitanKey& k) { return section == k.section; });
+  return std::any_of(torchtitan_keys().begin(), torchtitan_keys().end(), [&](const TorchtitanKey& k) {
+    return k.section == section || k.section.rfind(section + ".", 0) == 0;
+  });
 }
 
 // torchtitan's Llama 3 flavours and smelt's presets.
@@ -282,7 +318,11 @@ class Importer {
       const TorchtitanKey* entry = find_torchtitan_key(section, key);
       const ConfigField* field = find_field(schema_, section, key);
       if ((entry && entry->kind == Kind::special) || name == "model.flavor" || name == "activation_checkpoint.mode") {
-        found_[name] = Found{&value, line_of(path_, value)};
+        found_[entry && *entry->target ? entry->target : name] = Found{&value, line_of(path_, value)};
+        continue;
+      }
+      if (value.is_table() && !field && !entry) {  // a nested table: [quantize.linear.float8]
+        read_section(name, key_name, value);
         continue;
       }
       if (field) {
@@ -309,13 +349,18 @@ class Importer {
           result_.set_aside.push_back(line_of(path_, value) + ": " + name + " = " + node_literal(value) + " (" +
                                       entry->why + ")");
           break;
-        case Kind::neutral:
-          if (node_literal(value) != entry->target)
+        case Kind::neutral: {
+          // `target`: the accepted values, '|'-separated; the first is torchtitan's default.
+          const std::string accepted = "|" + std::string(entry->target) + "|";
+          if (accepted.find("|" + node_literal(value) + "|") == std::string::npos)
             fail(ErrorKind::config, toml_location(path_, value.source()) + ": " + name + " = " + node_literal(value) +
-                                        ": " + entry->why + "; set it to " + entry->target + " or remove it");
+                                        ": " + entry->why + "; set it to " +
+                                        std::string(entry->target).substr(0, std::string(entry->target).find('|')) +
+                                        " or remove it");
           result_.set_aside.push_back(line_of(path_, value) + ": " + name + " = " + node_literal(value) +
-                                      " (torchtitan's default: nothing to do)");
+                                      " (nothing to do: " + entry->why + ")");
           break;
+        }
         case Kind::special:
           break;
       }
@@ -424,7 +469,7 @@ class Importer {
   void resolve_float8() {
     const Found* converters = found("model.converters");
     const Found* recipe = found("float8.recipe_name");
-    std::string switch_text = "model.converters = [\"float8\"]";  // what turned float8 on
+    std::string switch_text = converters ? "model.converters = " + converters->text() : "";  // what turned float8 on
     bool float8 = false;
     if (converters) {
       // A list, or (as torchtitan's command line takes it) one comma-separated string.
@@ -447,9 +492,12 @@ class Importer {
                                     converters->text());
       }
       for (const auto& [name, node] : names) {
-        if (name == "float8") {
+        if (name == "float8" || name == "quantize.linear.float8" || name == "quantize.dense.float8") {
           float8 = true;
-        } else if (name == "mx" || name == "mxfp8") {
+        } else if (name.rfind("quantize.grouped_mm.", 0) == 0 || name.rfind("quantize.moe.", 0) == 0) {
+          result_.set_aside.push_back(line_of(path_, *node) + ": model.converters: " + toml_string(name) +
+                                      " (mixture-of-experts GEMMs; Llama 3 has no experts)");
+        } else if (name == "mx" || name == "mxfp8" || name == "quantize.linear.mx" || name == "quantize.dense.mx") {
           fail(ErrorKind::config, toml_location(path_, node->source()) + ": model.converters: \"" + name +
                                       "\": smelt has no MX formats (they need Blackwell's block-scaled GEMMs); its "
                                       "float8 recipes: tensorwise, rowwise, rowwise_with_gw_hp and blockwise "

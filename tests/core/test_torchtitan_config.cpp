@@ -231,6 +231,31 @@ TEST(TorchtitanConfig, EarlierReleasesKeysTranslateToo) {
   expect_import_error("[training]\ntensor_parallel_degree = 2\n", {"tt.toml:2:", "no tensor parallelism"});
 }
 
+// The last TOML releases: float8 settings in nested tables ([quantize.linear.float8], before that
+// [quantize.dense.float8]) and converters named after them; experts' tables set aside.
+TEST(TorchtitanConfig, NestedQuantizeTablesOfTheLastReleasesTranslate) {
+  testing_support::FreshRandom random;
+  const std::vector<std::string> recipes = {"tensorwise", "rowwise", "rowwise_with_gw_hp"};
+  for (const std::string table : {"quantize.linear.float8", "quantize.dense.float8"}) {
+    const std::string recipe = recipes[random.below(recipes.size())];
+    const TorchtitanImport imported = import_torchtitan_text(
+        "[model]\nflavor = \"8B\"\nconverters = [\"" + table + "\"]\nnorm_type = \"fused_rmsnorm\"\n"
+        "[" + table + "]\nrecipe_name = \"" + recipe + "\"\nfilter_fqns = [\"output\", \"attention.wk\"]\n"
+        "enable_fsdp_float8_all_gather = true\n[quantize.grouped_mm.float8]\nfqns = [\"experts\"]\n",
+        "tt.toml");
+    const JobConfig c = load_config_text(imported.toml, "imported.toml");
+    EXPECT_EQ(c.float8.recipe, recipe) << table;
+    EXPECT_EQ(c.float8.filter_fqns, (std::vector<std::string>{"output", "attention.wk"}));
+    EXPECT_TRUE(c.float8.all_gather);
+    EXPECT_TRUE(has_note(imported.set_aside, ": quantize.grouped_mm.float8")) << all_notes(imported);
+    EXPECT_TRUE(has_note(imported.translated, "tt.toml:3: model.converters = [\"" + table + "\"]")) << all_notes(imported);
+    EXPECT_TRUE(has_note(imported.set_aside, "tt.toml:4: model.norm_type")) << all_notes(imported);
+  }
+  expect_import_error("[model]\nnorm_type = \"layernorm\"\n", {"tt.toml:2:", "RMSNorm"});
+  expect_import_error("[model]\nconverters = [\"quantize.linear.mx\"]\n", {"tt.toml:2:", "MX"});
+  expect_import_error("[quantize.linear.float8]\nrecipe = 3\n", {"tt.toml:2:", "quantize.linear.float8.recipe"});
+}
+
 // A warm start from another run's checkpoint: smelt's checkpoint.load differs from torchtitan's
 // initial_load_path on a relaunch, and the import says so.
 TEST(TorchtitanConfig, InitialLoadPathBecomesCheckpointLoadWithAWarning) {
