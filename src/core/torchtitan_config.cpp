@@ -318,7 +318,11 @@ class Importer {
       const TorchtitanKey* entry = find_torchtitan_key(section, key);
       const ConfigField* field = find_field(schema_, section, key);
       if ((entry && entry->kind == Kind::special) || name == "model.flavor" || name == "activation_checkpoint.mode") {
-        found_[entry && *entry->target ? entry->target : name] = Found{&value, line_of(path_, value)};
+        const std::string canonical = entry && *entry->target ? entry->target : name;
+        if (found_.count(canonical))
+          fail(ErrorKind::config, toml_location(path_, value.source()) + ": " + name + " repeats " + canonical +
+                                      " (" + found_[canonical].where + "); keep one");
+        found_[canonical] = Found{&value, line_of(path_, value)};
         continue;
       }
       if (value.is_table() && !field && !entry) {  // a nested table: [quantize.linear.float8]
@@ -374,9 +378,13 @@ class Importer {
     if (!problem.empty())
       fail(ErrorKind::config, toml_location(path_, node.source()) + ": " + field.name() + ": " + problem +
                                   "; change the value in the file");
-    if (settings_.count(field.name()) && !comment.empty())
-      fail(ErrorKind::config, toml_location(path_, node.source()) + ": " + field.name() +
-                                  " is set twice: by smelt's key and by " + comment + "; keep one");
+    // Two spellings of one setting (smelt's key and torchtitan's, or two of torchtitan's releases).
+    const std::string origin = (comment.empty() ? field.name() : comment) + " (line " +
+                               std::to_string(node.source().begin.line) + ")";
+    auto [previous, fresh] = origins_.emplace(field.name(), origin);
+    if (!fresh)
+      fail(ErrorKind::config, toml_location(path_, node.source()) + ": " + field.name() + " is set twice: by " +
+                                  previous->second + " and by " + origin + "; keep one");
     settings_[field.name()] = Setting{std::move(value), comment};
   }
 
@@ -687,6 +695,7 @@ class Importer {
   std::vector<ConfigField> schema_;
   std::vector<std::string> sections_ = config_sections();
   std::map<std::string, Setting> settings_;
+  std::map<std::string, std::string> origins_;  // what in the file set each of settings_, for conflicts
   std::map<std::string, Found> found_;
   TorchtitanImport result_;
 };

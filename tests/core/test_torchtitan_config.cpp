@@ -208,7 +208,11 @@ TEST(TorchtitanConfig, WhatSmeltCannotDoIsAnErrorNamingKeyAndLine) {
   expect_import_error("[pipelines]\nx = 1\n", {"tt.toml:1:", "unknown section [pipelines]"});
   expect_import_error("[training]\nsteps = -" + degree + "\n", {"tt.toml:2:", "training.steps"});
   expect_import_error("[float8]\nall_gather = true\nenable_fsdp_float8_all_gather = false\n",
-                      {"tt.toml:3:", "float8.all_gather is set twice"});
+                      {"tt.toml:3:", "float8.all_gather is set twice", "(line 2)"});
+  expect_import_error("[parallelism]\nfsdp_reshard_after_forward = \"never\"\nreshard_after_forward_policy = \"always\"\n",
+                      {"parallelism.reshard_after_forward_policy is set twice", "(line 2)", "(line 3)"});
+  expect_import_error("[float8]\nrecipe_name = \"rowwise\"\n[quantize.linear.float8]\nrecipe_name = \"tensorwise\"\n",
+                      {"repeats float8.recipe_name", "tt.toml:2"});
 }
 
 // Earlier torchtitan releases kept the batch, the warm-up and the parallel degrees in [training]
