@@ -252,6 +252,15 @@ std::string node_literal(const toml::node& node) {
     for (size_t i = 0; i < array->size(); ++i) out += (i ? ", " : "") + node_literal(*array->get(i));
     return out + "]";
   }
+  if (const auto* table = node.as_table()) {  // inline: { a = 1, b = "x" }
+    std::string out = "{";
+    bool first = true;
+    for (const auto& [key, value] : *table) {
+      out += std::string(first ? " " : ", ") + std::string(key.str()) + " = " + node_literal(value);
+      first = false;
+    }
+    return out + (first ? "}" : " }");
+  }
   if (auto text = node.value_exact<std::string>()) return toml_string(*text);
   if (auto flag = node.value_exact<bool>()) return *flag ? "true" : "false";
   if (auto integer = node.value_exact<int64_t>()) return std::to_string(*integer);
@@ -667,9 +676,16 @@ class Importer {
     std::stable_sort(notes.begin(), notes.end(), [&](const std::string& a, const std::string& b) { return line(a) < line(b); });
   }
 
+  // A comment stays on its line whatever the file held (dates, tables, odd keys).
+  static std::string one_line(std::string text) {
+    // TOML comments hold no control characters but tabs (quoted keys may carry any).
+    std::replace_if(text.begin(), text.end(), [](char c) { return (c >= 0 && c < 0x20 && c != '\t') || c == 0x7f; }, ' ');
+    return text;
+  }
+
   std::string emit() const {
     std::ostringstream out;
-    out << "# smelt config imported from torchtitan's " << path_ << " (`smelt import-config`).\n"
+    out << "# smelt config imported from torchtitan's " << one_line(path_) << " (`smelt import-config`).\n"
         << "# Keys with a comment were translated or filled in with torchtitan's defaults; check the\n"
         << "# lines marked CHECK. `smelt plan --config THIS` shows what the run will hold and how fast.\n";
     for (const std::string& section : sections_) {
@@ -680,13 +696,13 @@ class Importer {
         if (it == settings_.end() || std::holds_alternative<std::monostate>(it->second.value)) continue;
         if (!header) out << "\n[" << section << "]\n", header = true;
         out << field.key << " = " << toml_literal(it->second.value);
-        if (!it->second.comment.empty()) out << "  # " << it->second.comment;
+        if (!it->second.comment.empty()) out << "  # " << one_line(it->second.comment);
         out << "\n";
       }
     }
     if (!result_.set_aside.empty()) {
-      out << "\n# Set aside from " << path_ << " (no effect in smelt):\n";
-      for (const std::string& line : result_.set_aside) out << "#   " << line << "\n";
+      out << "\n# Set aside from " << one_line(path_) << " (no effect in smelt):\n";
+      for (const std::string& line : result_.set_aside) out << "#   " << one_line(line) << "\n";
     }
     return out.str();
   }

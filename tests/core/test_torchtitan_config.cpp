@@ -307,5 +307,17 @@ TEST(TorchtitanConfig, WrittenStringsAreEscaped) {
   EXPECT_EQ(load_config_text(imported.toml, "imported.toml").training.dataset_path, path);
 }
 
+// What is set aside is listed in comments at the end of the written file: a nested table, or a
+// quoted key holding a line break or a control character, stays within its comment line.
+TEST(TorchtitanConfig, SetAsideTablesAndOddKeysStayInTheirComments) {
+  const TorchtitanImport imported = import_torchtitan_text(
+      "[compile]\nenable = true\n\"odd\\nkey\\u0001\" = 1\n[compile.activation_checkpoint]\nmode = \"selective\"\n",
+      "tt.toml");
+  const JobConfig c = load_config_text(imported.toml, "imported.toml");  // a comment broken over lines would not parse
+  EXPECT_EQ(c.activation_checkpoint.mode, "selective-layer:2");  // the nested table is not smelt's section
+  EXPECT_TRUE(has_note(imported.set_aside, "compile.activation_checkpoint = { mode = \"selective\" }"))
+      << all_notes(imported);
+}
+
 }  // namespace
 }  // namespace smelt
