@@ -27,19 +27,22 @@ int run_import_config(const ImportCommandOptions& options) {
                                  "overwrite it");
     if (std::filesystem::is_directory(options.output, status))
       fail(ErrorKind::input, "--output '" + options.output + "' is a folder; expected a .toml file name");
+    const std::filesystem::path folder = std::filesystem::path(options.output).parent_path();
+    if (!folder.empty() && !std::filesystem::is_directory(folder, status))
+      fail(ErrorKind::input, "--output '" + options.output + "': its folder '" + folder.string() +
+                                 "' does not exist; create it first");
   }
   const TorchtitanImport imported = import_torchtitan_config(options.from);  // throws before anything is written
+  if (!options.output.empty()) write_file_atomically(options.output, imported.toml);
   std::ostream& out = options.output.empty() ? std::cerr : std::cout;
   report(out, "translated:", imported.translated);
   report(out, "torchtitan defaults written (smelt's differ):", imported.defaults);
   report(out, "set aside (no effect in smelt):", imported.set_aside);
   report(out, "check:", imported.warnings);
-  if (options.output.empty()) {
+  if (options.output.empty())
     std::cout << imported.toml;
-  } else {
-    write_file_atomically(options.output, imported.toml);
+  else
     out << "wrote " << options.output << " (smelt plan --config " << options.output << " shows its memory and speed)\n";
-  }
   return 0;
 }
 

@@ -148,6 +148,11 @@ TEST(Cli, ImportConfigWritesASmeltConfigThatPlans) {
   EXPECT_EQ(refused.exit_code, 2);
   EXPECT_NE(refused.output.find("tp.toml:2:"), std::string::npos) << refused.output;
   EXPECT_FALSE(fs::exists(folder.path("tp_smelt.toml")));
+  // An output folder that does not exist: said before anything is read.
+  Outcome nowhere = run_smelt("import-config --from " + torchtitan + " --output " + folder.path("missing/smelt.toml"));
+  EXPECT_EQ(nowhere.exit_code, 3);
+  EXPECT_NE(nowhere.output.find("does not exist"), std::string::npos) << nowhere.output;
+  EXPECT_EQ(nowhere.output.find("translated:"), std::string::npos) << nowhere.output;
 }
 
 TEST(Cli, CudaWithoutAGpuIsAClearError) {
