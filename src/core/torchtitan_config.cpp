@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -661,6 +662,13 @@ class Importer {
       if (has(d.name)) continue;
       set(d.name, d.value, d.why);
       result_.defaults.push_back(std::string(d.name) + " = " + toml_literal(d.value) + " (" + d.why + ")");
+    }
+    // torchtitan writes into dump_folder itself; smelt into dump_folder/job.name: the file's name.
+    const std::string stem = std::filesystem::path(path_).stem().string();
+    const ConfigField* name_field = find_field(schema_, "job", "name");
+    if (!has("job.name") && !stem.empty() && check_config_rule(*name_field, ConfigValue(stem)).empty()) {
+      set("job.name", stem, "the file's name: runs go to dump_folder/name");
+      result_.defaults.push_back("job.name = " + toml_string(stem) + " (the file's name: runs go to dump_folder/name)");
     }
     if (!has("training.seed")) {  // torchtitan draws none; smelt needs one
       set("training.seed", int64_t{42}, "torchtitan leaves the seed unset; smelt's default");

@@ -135,6 +135,7 @@ TEST(TorchtitanConfig, AnEightBillionTrainConfigBecomesTheSameRunInSmeltsKeys) {
   EXPECT_EQ(c.training.mixed_precision_param, "bfloat16");
   EXPECT_EQ(c.checkpoint.keep_latest_k, 10);
   EXPECT_EQ(c.lr_scheduler.warmup_steps, 200);
+  EXPECT_EQ(c.job.name, "tt");  // runs go to dump_folder/tt
   // The dataset is downloaded by torchtitan: smelt's own text stands in, flagged.
   EXPECT_EQ(c.training.dataset_path, "docs");
   EXPECT_TRUE(has_note(imported.warnings, "tt.toml:25: training.dataset = \"c4\"")) << all_notes(imported);
