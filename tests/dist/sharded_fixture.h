@@ -103,7 +103,10 @@ inline OptimizerSettings test_optimizer(int64_t step) {
   OptimizerSettings o;
   o.lr = 3e-3f;
   o.weight_decay = 0.1f;
-  o.max_norm = 0.5f;  // below the first gradients' norm: clipping (and so the global norm) matters
+  // Below the first gradients' norm, so clipping (and so the global norm) matters: that norm falls
+  // with the tokens a step averages over; with 4 ranks accumulating 3 passes it was 0.45-0.5 over
+  // a dozen draws (0.7 and up without accumulation).
+  o.max_norm = 0.25f;
   o.step = step;
   return o;
 }
