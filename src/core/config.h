@@ -40,7 +40,7 @@ struct TrainingSection {
   int64_t steps = 300;
   double max_norm = 1.0;                 // global gradient-norm clip; 0 disables
   int64_t seed = 42;
-  std::string dataset_path = "docs";     // a folder or file of text, or of token shards (*.bin)
+  std::string dataset_path = "docs";     // a folder or file of text, or of token shards (*.tok)
   std::string mixed_precision_param = "float32";  // activation / compute-weight dtype: float32 or bfloat16
   std::string linear_grad_dtype = "auto";  // block linears' weight gradients: auto, float32 or bfloat16
   int64_t loss_chunk_tokens = 0;         // rows of the output projection computed at once; 0: the planner's choice
@@ -113,6 +113,7 @@ struct ValidationSection {
   bool enable = false;
   int64_t freq = 100;
   int64_t steps = 4;
+  std::string dataset_path;  // validation data of its own; empty: the held-out part of training.dataset_path
 };
 
 struct ProfilingSection {

@@ -169,7 +169,7 @@ std::vector<ConfigField> config_schema() {
       bind("training", "seed", &C::training, &TrainingSection::seed, "random seed for weights and data order",
            at_least(0)),
       bind("training", "dataset_path", &C::training, &TrainingSection::dataset_path,
-           "a folder or file of text, or of token shards (*.bin)", not_empty()),
+           "a folder or file of text, or of token shards (*.tok, `smelt prepare`)", not_empty()),
       bind("training", "mixed_precision_param", &C::training, &TrainingSection::mixed_precision_param,
            "activation and compute-weight dtype", one_of({"float32", "bfloat16"})),
       bind("training", "linear_grad_dtype", &C::training, &TrainingSection::linear_grad_dtype,
@@ -311,6 +311,9 @@ std::vector<ConfigField> config_schema() {
            at_least(1)),
       bind("validation", "steps", &C::validation, &ValidationSection::steps, "batches per validation",
            at_least(1)),
+      bind("validation", "dataset_path", &C::validation, &ValidationSection::dataset_path,
+           "validation data of its own: text, or token shards (their validation split if they have one); "
+           "empty: the held-out part of training.dataset_path (with it, training text is all for training)"),
 
       bind("profiling", "enable_profiling", &C::profiling, &ProfilingSection::enable_profiling,
            "write a Chrome trace of the steps"),

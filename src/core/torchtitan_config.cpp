@@ -160,8 +160,10 @@ const std::vector<TorchtitanKey>& torchtitan_keys() {
       {"experimental", "custom_args_module", Kind::neutral, "\"\"", "smelt loads no Python modules"},
       {"experimental", "*", Kind::set_aside, "", "torchtitan's experimental settings"},
       {"validation", "enabled", Kind::rename, "validation.enable", ""},
-      {"validation", "dataset", Kind::set_aside, "", "smelt validates on the held-out part of training.dataset_path"},
-      {"validation", "dataset_path", Kind::set_aside, "", "smelt validates on the held-out part of training.dataset_path"},
+      {"validation", "dataset", Kind::set_aside, "",
+       "a dataset torchtitan downloads; smelt validates on validation.dataset_path, or the held-out part of "
+       "training.dataset_path"},
+
       {"validation", "local_batch_size", Kind::set_aside, "", "smelt validates with the training batch"},
       {"validation", "seq_len", Kind::set_aside, "", "smelt validates with the training batch"},
       {"validation", "steps", Kind::special, "", ""},

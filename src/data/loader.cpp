@@ -111,12 +111,14 @@ uint64_t fnv1a(uint64_t hash, std::string_view bytes) {
   return hash;
 }
 
-std::string cache_key(const DatasetOptions& options, const Tokenizer& tokenizer) {
+// The cache folder of `path`'s text tokenized with `tokenizer`, `fraction` of it held out.
+std::string cache_key(const std::string& path, double fraction, const DatasetOptions& options,
+                      const Tokenizer& tokenizer) {
   namespace fs = std::filesystem;
   uint64_t hash = 0xCBF29CE484222325ull;
   hash = fnv1a(hash, tokenizer.name() + "|" + std::to_string(tokenizer.vocab_size()) + "|" +
-                         std::to_string(options.validation_fraction) + "|" + options.text_field);
-  for (const auto& file : list_text_files({options.path})) {
+                         std::to_string(fraction) + "|" + options.text_field);
+  for (const auto& file : list_text_files({path})) {
     const auto time = fs::last_write_time(file.path).time_since_epoch().count();
     std::string entry = fs::absolute(file.path).string();
     for (const std::string& part : {std::to_string(file.bytes), std::to_string(time)}) entry.append("|").append(part);
@@ -204,30 +206,38 @@ std::unique_ptr<DataLoader> make_sequence_loader(TokenStream stream, SequenceOrd
   return std::make_unique<SequenceLoader>(std::move(stream), order, batch_size, seq_len, seed, rank, world_size);
 }
 
-Dataset open_dataset(const DatasetOptions& options, const Tokenizer& tokenizer) {
+namespace {
+
+// Shards of `path` (`what` names it in errors: "dataset", "validation dataset"): prepared shards as
+// they are, or text tokenized into the cache (or a temporary folder) with `fraction` held out.
+struct OpenedSource {
+  ShardFolder folder;
+  std::string description;  // "PATH (text, cached in ...)"
+};
+
+OpenedSource open_source(const std::string& path, const char* what, double fraction, const DatasetOptions& options,
+                         const Tokenizer& tokenizer) {
   namespace fs = std::filesystem;
-  if (options.path.empty())
-    fail(ErrorKind::config, "dataset: expected a path to text or token shards, found an empty path; set the dataset");
-  if (!fs::exists(options.path))
-    fail(ErrorKind::input, "dataset " + options.path + ": expected a text file or folder, or prepared token shards, "
-                                                       "found nothing at that path; check the path");
-  fs::path shard_path = options.path;
+  if (!fs::exists(path))
+    fail(ErrorKind::input, std::string(what) + " " + path + ": expected a text file or folder, or prepared token " +
+                               "shards, found nothing at that path; check the path");
+  fs::path shard_path = path;
   fs::path temporary;
   std::string source = "token shards";
-  if (!is_shard_path(options.path)) {
+  if (!is_shard_path(path)) {
     PrepareOptions prepare;
-    prepare.inputs = {options.path};
+    prepare.inputs = {path};
     prepare.text_field = options.text_field;
-    prepare.validation_fraction = options.validation_fraction;
+    prepare.validation_fraction = fraction;
     if (options.cache_dir.empty()) {
       std::string pattern = (fs::temp_directory_path() / "smelt-tokens-XXXXXX").string();
       if (::mkdtemp(pattern.data()) == nullptr)
-        fail(ErrorKind::input, "dataset: cannot create a temporary folder under " +
+        fail(ErrorKind::input, std::string(what) + ": cannot create a temporary folder under " +
                                    fs::temp_directory_path().string() + "; set a cache folder");
       temporary = shard_path = pattern;
       source = "text";
     } else {
-      shard_path = fs::path(options.cache_dir) / cache_key(options, tokenizer);
+      shard_path = fs::path(options.cache_dir) / cache_key(path, fraction, options, tokenizer);
       source = "text, cached in " + shard_path.string();
     }
     if (!temporary.empty() || !fs::exists(shard_path / "dataset.json")) {
@@ -235,25 +245,44 @@ Dataset open_dataset(const DatasetOptions& options, const Tokenizer& tokenizer) 
       prepare_dataset(prepare, tokenizer);
     }
   }
-  ShardFolder folder;
+  OpenedSource opened;
   try {
-    folder = open_shard_folder(shard_path, options.model_vocab_size);
+    opened.folder = open_shard_folder(shard_path, options.model_vocab_size);
   } catch (...) {
     if (!temporary.empty()) fs::remove_all(temporary);
     throw;
   }
   if (!temporary.empty()) fs::remove_all(temporary);  // the shards stay mapped
+  opened.description = path + " (" + source + ")";
+  return opened;
+}
+
+}  // namespace
+
+Dataset open_dataset(const DatasetOptions& options, const Tokenizer& tokenizer) {
+  if (options.path.empty())
+    fail(ErrorKind::config, "dataset: expected a path to text or token shards, found an empty path; set the dataset");
+  // With a validation source of its own, the training text is all for training.
+  const bool separate = !options.validation_path.empty();
+  OpenedSource train = open_source(options.path, "dataset", separate ? 0.0 : options.validation_fraction, options, tokenizer);
+  TokenStream validation = std::move(train.folder.validation);
   Dataset dataset;
-  dataset.description = options.path + " (" + source + "): " + std::to_string(folder.train.size()) +
-                        " train tokens in " + std::to_string(folder.train.shards()) + " shards, " +
-                        std::to_string(folder.validation.size()) + " validation tokens";
-  if (!folder.tokenizer.empty()) dataset.description += ", tokenizer " + folder.tokenizer;
-  dataset.train = make_sequence_loader(std::move(folder.train), SequenceOrder::shuffled, options.batch_size,
+  dataset.description = train.description + ": " + std::to_string(train.folder.train.size()) + " train tokens in " +
+                        std::to_string(train.folder.train.shards()) + " shards";
+  if (!separate) dataset.description += ", " + std::to_string(validation.size()) + " validation tokens";
+  if (!train.folder.tokenizer.empty()) dataset.description += ", tokenizer " + train.folder.tokenizer;
+  if (separate) {  // its validation split when it has one (prepared shards), else all of it
+    OpenedSource held_out = open_source(options.validation_path, "validation dataset", 0.0, options, tokenizer);
+    const bool split = held_out.folder.validation.size() > 0;
+    validation = split ? std::move(held_out.folder.validation) : std::move(held_out.folder.train);
+    dataset.description += "; validation: " + held_out.description + ", " + std::to_string(validation.size()) +
+                           (split ? " tokens of its validation split" : " tokens");
+  }
+  dataset.train = make_sequence_loader(std::move(train.folder.train), SequenceOrder::shuffled, options.batch_size,
                                        options.seq_len, options.seed, options.rank, options.world_size);
-  if (folder.validation.size() > static_cast<uint64_t>(options.seq_len))
-    dataset.validation = make_sequence_loader(std::move(folder.validation), SequenceOrder::sequential,
-                                              options.batch_size, options.seq_len, options.seed, options.rank,
-                                              options.world_size);
+  if (validation.size() > static_cast<uint64_t>(options.seq_len))
+    dataset.validation = make_sequence_loader(std::move(validation), SequenceOrder::sequential, options.batch_size,
+                                              options.seq_len, options.seed, options.rank, options.world_size);
   else
     dataset.description += " (too few for validation)";
   return dataset;

@@ -25,7 +25,10 @@ struct DatasetOptions {
   int rank = 0, world_size = 1;  // data-parallel slice
   int64_t model_vocab_size = 0;  // shards with a larger vocabulary are an error
   std::string cache_dir;         // where tokenized text is cached; empty: a temporary folder, removed after opening
-  double validation_fraction = 0.05;  // for text inputs
+  double validation_fraction = 0.05;  // for text inputs without a validation_path
+  // A validation source of its own (text, or shards: their validation split if they have one, else
+  // all of them); empty: the held-out split of `path`. With one, text at `path` is all for training.
+  std::string validation_path;
   std::string text_field = "text";    // for JSON Lines inputs
 };
 
@@ -71,7 +74,8 @@ struct Dataset {
 
 // Opens prepared shards (a folder with train_*.tok / validation_*.tok, or a single .tok file) or text
 // (tokenized with `tokenizer`, documents separated by EOS, a held-out validation split, cached under
-// cache_dir keyed by the files, their sizes and times, and the tokenizer).
+// cache_dir keyed by the files, their sizes and times, the tokenizer and the split), and the
+// validation source when options.validation_path names one.
 Dataset open_dataset(const DatasetOptions& options, const Tokenizer& tokenizer);
 
 }  // namespace smelt

@@ -94,6 +94,7 @@ TrainResult train(const JobConfig& config, std::ostream& log, Communicator* comm
 
   DatasetOptions data;
   data.path = config.training.dataset_path;
+  data.validation_path = config.validation.dataset_path;
   data.batch_size = shape.batch;
   data.seq_len = shape.seq_len;
   data.seed = static_cast<uint64_t>(config.training.seed);

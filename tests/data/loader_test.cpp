@@ -222,6 +222,75 @@ TEST(OpenDataset, PreparedShardsOpenAndVocabularyIsChecked) {
   EXPECT_THROW(open_dataset(options, tokenizer), Error);
 }
 
+// Documents of `count` random letters drawn from [first, last].
+std::string letters(std::mt19937& random, size_t count, char first, char last) {
+  std::string text(count, first);
+  for (char& c : text) c = static_cast<char>(first + random() % (last - first + 1));
+  return text;
+}
+
+// validation.dataset_path: validation reads that source (its validation split when it is prepared
+// shards that have one, else all of it), and the training text is then all for training.
+TEST(OpenDataset, AValidationSourceOfItsOwn) {
+  TemporaryFolder folder;
+  std::mt19937 random(static_cast<uint32_t>(testing_support::fresh(11)));
+  int64_t train_bytes = 0, validation_bytes = 0;
+  // Validation documents of similar sizes, at least four: a split of half their bytes holds the last.
+  const int train_documents = 3 + int(random() % 5), validation_documents = 4 + int(random() % 3);
+  for (int d = 0; d < train_documents; ++d) {
+    const size_t n = 2000 + random() % 2000;
+    folder.write("train/" + std::to_string(d) + ".txt", letters(random, n, 'a', 'm'));
+    train_bytes += int64_t(n);
+  }
+  for (int d = 0; d < validation_documents; ++d) {
+    const size_t n = 1000 + random() % 200;
+    folder.write("held/" + std::to_string(d) + ".txt", letters(random, n, 'n', 'z'));
+    validation_bytes += int64_t(n);
+  }
+  ByteTokenizer tokenizer;
+  DatasetOptions options;
+  options.path = folder.path("train");
+  options.validation_path = folder.path("held");
+  options.batch_size = 2;
+  options.seq_len = 64;
+  options.cache_dir = folder.path("cache");
+  Dataset dataset = open_dataset(options, tokenizer);
+  ASSERT_TRUE(dataset.train);
+  ASSERT_TRUE(dataset.validation);
+  EXPECT_EQ(dataset.train->total_tokens(), train_bytes + train_documents) << "every training document, one EOS each";
+  EXPECT_EQ(dataset.validation->total_tokens(), validation_bytes + validation_documents);
+  for (int i = 0; i < 4; ++i) {
+    for (int32_t id : next(*dataset.train, 2, 64).inputs) EXPECT_TRUE((id >= 'a' && id <= 'm') || id == ByteTokenizer::eos) << id;
+    for (int32_t id : next(*dataset.validation, 2, 64).inputs)
+      EXPECT_TRUE((id >= 'n' && id <= 'z') || id == ByteTokenizer::eos) << id;
+  }
+  EXPECT_NE(dataset.description.find("validation: " + options.validation_path), std::string::npos) << dataset.description;
+
+  // Prepared shards: their validation split, when they have one; else all their tokens.
+  PrepareOptions prepare;
+  prepare.inputs = {folder.path("held")};
+  prepare.output_dir = folder.path("held_split");
+  prepare.validation_fraction = 0.5;
+  const PrepareSummary split = prepare_dataset(prepare);
+  ASSERT_GT(split.validation_tokens, 0u);
+  options.validation_path = prepare.output_dir;
+  EXPECT_EQ(open_dataset(options, tokenizer).validation->total_tokens(), int64_t(split.validation_tokens));
+  prepare.output_dir = folder.path("held_whole");
+  prepare.validation_fraction = 0;
+  const PrepareSummary whole = prepare_dataset(prepare);
+  options.validation_path = prepare.output_dir;
+  EXPECT_EQ(open_dataset(options, tokenizer).validation->total_tokens(), int64_t(whole.train_tokens));
+
+  options.validation_path = folder.path("nowhere");
+  try {
+    open_dataset(options, tokenizer);
+    ADD_FAILURE() << "opened a missing validation source";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::input);
+    EXPECT_NE(std::string(e.what()).find("validation dataset " + options.validation_path), std::string::npos) << e.what();
+  }
+}
+
 TEST(ByteTokenizer, RoundTripsRandomBytes) {
   ByteTokenizer tokenizer;
   std::mt19937 random(static_cast<uint32_t>(testing_support::fresh(99)));

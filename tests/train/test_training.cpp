@@ -123,6 +123,38 @@ TEST(Training, EveryValidationReadsTheSameBatches) {
   EXPECT_NE(result.losses[0], result.losses[5]);
 }
 
+// validation.dataset_path reaches the loader: validation reads that text, not the held-out part
+// of the training data (same weights, lr 0: a different first validation loss).
+TEST(Training, ValidationDatasetPathIsWhatValidationReads) {
+  const testing_support::TemporaryFolder temporary;
+  const fs::path folder = temporary.path();
+  write_corpus(folder / "data");
+  {
+    std::ofstream held(folder / "held.txt");
+    for (int i = 0; i < 400; ++i) held << "validation text of its own, line " << i << "\n";
+  }
+  JobConfig config;
+  config.job.dump_folder = (folder / "runs").string();
+  config.training.dataset_path = (folder / "data").string();
+  config.training.local_batch_size = 2;
+  config.training.seq_len = 64;
+  config.training.steps = 1;
+  config.optimizer.lr = 0;
+  config.validation.enable = true;
+  config.validation.steps = 2;
+  config.job.name = "held_out";
+  std::ostringstream held_out_log;
+  const TrainResult held_out = train(config, held_out_log);
+  config.job.name = "own";
+  config.validation.dataset_path = (folder / "held.txt").string();
+  std::ostringstream own_log;
+  const TrainResult own = train(config, own_log);
+  ASSERT_GT(held_out.first_validation_loss, 0) << held_out_log.str();
+  ASSERT_GT(own.first_validation_loss, 0) << own_log.str();
+  EXPECT_NE(own.first_validation_loss, held_out.first_validation_loss);
+  EXPECT_NE(own_log.str().find("validation: " + config.validation.dataset_path), std::string::npos) << own_log.str();
+}
+
 TEST(LrSchedule, WarmupThenLinearAndCosineDecay) {
   LrSchedule s;
   s.lr = 1.0;
