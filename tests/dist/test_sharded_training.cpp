@@ -40,11 +40,14 @@ Tolerance tolerance_for(const ShardedCase& c) {
   if (c.compute == DType::f64) return {1e-12, 1e-8, 1e-8};
   if (c.float8 != Float8Recipe::none) return {5e-3, opposite_updates, 0};  // relative: calibrated in the test
   if (c.compute == DType::bf16) return {1e-3, opposite_updates, 0.02};
-  if (c.reduce == DType::bf16) return {1e-3, opposite_updates, 0.05};
+  // Gradients rounded to bf16 for the reduce: the updates as a whole differed by up to 3.0% over
+  // 600 fresh draws of these scenarios (a wrong reduction differs by order 1).
+  if (c.reduce == DType::bf16) return {1e-3, opposite_updates, 0.08};
   // f32: a coordinate whose gradient is a near-cancelling sum has it summed in another order by
   // the shards, and AdamW divides by its root second moment, so such a coordinate can move by a
-  // visible part of lr (across fresh draws up to 1.6%); the updates as a whole agree to 1e-4.
-  return {2e-5, 0.1 * lr, 1e-4};
+  // visible part of lr (across fresh draws up to 1.6%); the updates as a whole differed by up to
+  // 1.2e-4 over 150 draws of each scenario (f32 full, 4 ranks; 1e-4 failed about one run in ten).
+  return {2e-5, 0.1 * lr, 3e-4};
 }
 
 double max_difference(const std::vector<float>& a, const std::vector<float>& b, size_t* where) {
