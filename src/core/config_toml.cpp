@@ -2,6 +2,7 @@
 #include "core/config_toml.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -130,5 +131,56 @@ const ConfigField* find_field(const std::vector<ConfigField>& schema, const std:
   return nullptr;
 }
 
+
+std::string toml_string(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c == 0x7f) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
+      out += escaped;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::string toml_literal(const ConfigValue& value) {
+  if (const auto* text = std::get_if<std::string>(&value)) return toml_string(*text);
+  if (const auto* list = std::get_if<std::vector<std::string>>(&value)) {
+    std::string out = "[";
+    for (size_t i = 0; i < list->size(); ++i) out += (i ? ", " : "") + toml_string((*list)[i]);
+    return out + "]";
+  }
+  return format_config_value(value);
+}
+
+std::string node_literal(const toml::node& node) {
+  if (const auto* array = node.as_array()) {
+    std::string out = "[";
+    for (size_t i = 0; i < array->size(); ++i) out += (i ? ", " : "") + node_literal(*array->get(i));
+    return out + "]";
+  }
+  if (const auto* table = node.as_table()) {  // inline: { a = 1, b = "x" }
+    std::string out = "{";
+    bool first = true;
+    for (const auto& [key, value] : *table) {
+      out += std::string(first ? " " : ", ") + std::string(key.str()) + " = " + node_literal(value);
+      first = false;
+    }
+    return out + (first ? "}" : " }");
+  }
+  if (auto text = node.value_exact<std::string>()) return toml_string(*text);
+  if (auto flag = node.value_exact<bool>()) return *flag ? "true" : "false";
+  if (auto integer = node.value_exact<int64_t>()) return std::to_string(*integer);
+  if (auto real = node.value_exact<double>()) return format_config_value(*real);
+  std::ostringstream stream;
+  node.visit([&](const auto& v) { stream << v; });
+  return stream.str();
+}
 
 }  // namespace smelt

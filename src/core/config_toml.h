@@ -1,5 +1,5 @@
 // Reading smelt's config schema out of TOML: the file's text, its parse, a value converted to a
-// key's type. Errors name the file, line and column. Shared by config loading (config.cpp) and
+// key's type; and writing values back as TOML text. Errors name the file, line and column. Shared by config loading (config.cpp) and
 // the torchtitan import (torchtitan_config.cpp).
 #pragma once
 #include <string>
@@ -20,6 +20,11 @@ std::string toml_location(const std::string& path, const toml::source_region& re
 // `node` converted to the field's type (integers are fine for floats; nothing else converts); a
 // wrong type is a config error naming the key and its place.
 ConfigValue read_toml_value(const ConfigField& field, const toml::node& node, const std::string& path);
+// A value as written in a TOML file: strings quoted and escaped, lists of strings, numbers.
+std::string toml_string(const std::string& text);
+std::string toml_literal(const ConfigValue& value);
+// A node as TOML text on one line (tables inline), for comparing values and quoting them in notes.
+std::string node_literal(const toml::node& node);
 // The schema's field section.key, or nullptr.
 const ConfigField* find_field(const std::vector<ConfigField>& schema, const std::string& section,
                               const std::string& key);
