@@ -107,18 +107,12 @@ JobConfig load_config_text(const std::string& contents, const std::string& path)
   config.source = path;
   for (const auto& [section_key, section_node] : root) {
     const std::string section(section_key.str());
-    const std::string where = toml_location(path, section_key.source());
-    if (!section_node.is_table()) {
-      fail(ErrorKind::config, where + ": key '" + section + "' is outside any section; expected it under a " +
-                                  "[section] header (sections: " + join(sections) + ")." +
-                                  suggest_key(schema, "", section));
-    }
-    if (!is_section(sections, section)) {
-      fail(ErrorKind::config, where + ": unknown section [" + section +
-                                  "]: remove it or fix its name (sections: " + join(sections) + ")." +
-                                  suggest_section(sections, section) + torchtitan_hint(section, ""));
-    }
-    for (const auto& [key_name, node] : *section_node.as_table()) {
+    const toml::table& table = config_section(
+        section_key, section_node, is_section(sections, section), path,
+        "expected it under a [section] header (sections: " + join(sections) + ")." + suggest_key(schema, "", section),
+        "remove it or fix its name (sections: " + join(sections) + ")." + suggest_section(sections, section) +
+            torchtitan_hint(section, ""));
+    for (const auto& [key_name, node] : table) {
       const std::string key(key_name.str());
       const ConfigField* field = find_field(schema, section, key);
       if (!field) {

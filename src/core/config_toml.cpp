@@ -79,6 +79,15 @@ std::string toml_location(const std::string& path, const toml::source_region& re
   return path + ":" + std::to_string(region.begin.line) + ":" + std::to_string(region.begin.column);
 }
 
+const toml::table& config_section(const toml::key& key, const toml::node& node, bool known, const std::string& path,
+                                  const std::string& expected, const std::string& advice) {
+  const std::string section(key.str());
+  if (!node.is_table())
+    fail(ErrorKind::config, toml_location(path, key.source()) + ": key '" + section + "' is outside any section; " + expected);
+  if (!known) fail(ErrorKind::config, toml_location(path, key.source()) + ": unknown section [" + section + "]: " + advice);
+  return *node.as_table();
+}
+
 // Converts a TOML value to the field's type; integers are fine for floats, nothing else converts.
 ConfigValue read_toml_value(const ConfigField& field, const toml::node& node, const std::string& path) {
   auto wrong_type = [&](const toml::node& found, const std::string& expected, const std::string& hint) {

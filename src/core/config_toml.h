@@ -17,6 +17,11 @@ std::string read_config_source(const std::string& path);
 toml::table parse_config_toml(const std::string& contents, const std::string& path);
 // "path:line:column" of a place in a TOML file.
 std::string toml_location(const std::string& path, const toml::source_region& region);
+// The checks on a top-level entry of a config file, shared by smelt's loader and the torchtitan
+// import: it must be a [section] table (else "key 'K' is outside any section; `expected`") and a
+// known one (`known`, else "unknown section [S]: `advice`"); both are config errors at its place.
+const toml::table& config_section(const toml::key& key, const toml::node& node, bool known, const std::string& path,
+                                  const std::string& expected, const std::string& advice);
 // `node` converted to the field's type (integers are fine for floats; nothing else converts); a
 // wrong type is a config error naming the key and its place.
 ConfigValue read_toml_value(const ConfigField& field, const toml::node& node, const std::string& path);

@@ -72,15 +72,11 @@ class Importer {
   };
 
   void read_section(const std::string& section, const toml::key& section_key, const toml::node& node) {
-    const toml::table* table = node.as_table();
     const bool smelt_section = std::find(sections_.begin(), sections_.end(), section) != sections_.end();
-    if (!table)
-      fail(ErrorKind::config, toml_location(path_, section_key.source()) + ": key '" + section +
-                                  "' is outside any section; a torchtitan config holds [section] tables");
-    if (!smelt_section && !is_torchtitan_section(section))
-      fail(ErrorKind::config, toml_location(path_, section_key.source()) + ": unknown section [" + section +
-                                  "]: neither smelt's nor torchtitan's; remove it or fix its name");
-    for (const auto& [key_name, value] : *table) {
+    const toml::table& table =
+        config_section(section_key, node, smelt_section || is_torchtitan_section(section), path_,
+                       "a torchtitan config holds [section] tables", "neither smelt's nor torchtitan's; remove it or fix its name");
+    for (const auto& [key_name, value] : table) {
       const std::string key(key_name.str());
       const std::string name = section + "." + key;
       const TorchtitanKey* entry = find_torchtitan_key(section, key);

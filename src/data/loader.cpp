@@ -208,13 +208,14 @@ std::unique_ptr<DataLoader> make_sequence_loader(TokenStream stream, SequenceOrd
 
 namespace {
 
-// Shards of `path` (`what` names it in errors: "dataset", "validation dataset"): prepared shards as
-// they are, or text tokenized into the cache (or a temporary folder) with `fraction` held out.
+// A dataset source opened for reading, and how the `data:` line describes it.
 struct OpenedSource {
   ShardFolder folder;
   std::string description;  // "PATH (text, cached in ...)"
 };
 
+// Shards of `path` (`what` names it in errors: "dataset", "validation dataset"): prepared shards as
+// they are, or text tokenized into the cache (or a temporary folder) with `fraction` held out.
 OpenedSource open_source(const std::string& path, const char* what, double fraction, const DatasetOptions& options,
                          const Tokenizer& tokenizer) {
   namespace fs = std::filesystem;

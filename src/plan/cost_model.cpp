@@ -374,12 +374,12 @@ PlanTime CostModel::predict(const StepPlan& plan) const {
     const double share = (degree - 1) / degree, bandwidth = ceilings_.collective_bytes_per_second;
     const double replica_share = 2 * (replicas - 1) / replicas / degree;
     const double compute_width = static_cast<double>(dtype_size(o.compute_dtype));
-    const double master_width = static_cast<double>(dtype_size(plan.gradient_reduce_dtype()));  // gradients travel in it
+    const double reduce_width = static_cast<double>(dtype_size(plan.gradient_reduce_dtype()));  // gradients travel in it
     const double replica_width = static_cast<double>(dtype_size(plan.replica_reduce_dtype()));
     const double block_width = plan.float8_gathered() ? 1.0 : compute_width;   // float8 all-gather: e4m3 blocks
     const double block = static_cast<double>(m.layer_parameters());
     const double gather = block * block_width * share / bandwidth;
-    const double scatter = block * master_width * share / bandwidth;
+    const double scatter = block * reduce_width * share / bandwidth;
     const double replica = block * replica_width * replica_share / bandwidth;
     for (int64_t i = 0; i < m.n_layers; ++i) {  // per pass: forward[i] and backward[i] hold every pass's
       const double forward_pass = forward[i] / microbatches, backward_pass = backward[i] / microbatches;
@@ -390,7 +390,7 @@ PlanTime CostModel::predict(const StepPlan& plan) const {
     }
     const double ends = static_cast<double>(m.embedding_parameters() + m.vocab_size * m.dim);
     const double ends_gather = ends * compute_width * share / bandwidth;
-    const double ends_scatter = ends * master_width * share / bandwidth;
+    const double ends_scatter = ends * reduce_width * share / bandwidth;
     const double ends_replica = ends * replica_width * replica_share / bandwidth;
     t.communication_seconds += microbatches * (2 * ends_gather + ends_scatter) + ends_replica;
     // The embedding's gather starts each pass (exposed); the output head's traffic overlaps the head.
