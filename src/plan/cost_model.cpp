@@ -290,6 +290,10 @@ double CostModel::roofline_seconds(const Step& step, const ModelConfig& m, const
       bytes = tokens * vocabulary * 4 * width + 3 * stream +
               chunks * 3 * vocabulary * static_cast<double>(m.dim) * width;
       launches = chunks * 4;
+      // The output projection's weight gradient: after its first chunk each grad-weight GEMM reads
+      // and rewrites it in f32, and a later microbatch's first chunk reads it too, in the GEMMs'
+      // epilogues after their math (measured: not hidden by it).
+      extra_bytes += vocabulary * static_cast<double>(m.dim) * (8 * (chunks - 1) + 4 * later_microbatches);
       if (!sharded && o.compute_dtype != master_dtype(o.compute_dtype) && !o.persistent_output_copy)  // cast first
         bytes += vocabulary * static_cast<double>(m.dim) * (4 + width), launches += 1;
       break;
