@@ -1,6 +1,7 @@
 // `smelt plan`: the step plan, memory breakdown, predicted step time and fit against a
 // device for a config, every checkpointing policy side by side (auto included), and the
 // memory timeline, on any machine (nothing is allocated).
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -9,6 +10,7 @@
 #include "core/error.h"
 #include "plan_command.h"
 #include "plan/auto_policy.h"
+#include "plan/loss_chunk.h"
 #include "plan/memory_timeline.h"
 #include "plan/plan_report.h"
 #include "train/run_setup.h"
@@ -36,6 +38,32 @@ struct PolicyRow {
   StepPlan plan;
   PlanTime time;
 };
+
+struct ChunkRow {
+  int64_t chunk;
+  size_t arena_bytes;
+  PlanTime time;
+};
+
+// The loss chunks the planner weighs for this step (and the configured one, when it is none of
+// them), each planned as the run would be with it: the output copy chosen for that chunk.
+std::vector<ChunkRow> loss_chunk_rows(const JobConfig& config, const RunSetup& setup, const CostModel& cost) {
+  std::vector<int64_t> chunks = loss_chunk_candidates(setup.plan_options.shape.tokens());
+  const int64_t configured = setup.plan_options.loss_chunk_tokens;
+  if (std::find(chunks.begin(), chunks.end(), configured) == chunks.end()) {
+    chunks.push_back(configured);
+    std::sort(chunks.begin(), chunks.end());
+  }
+  std::vector<ChunkRow> rows;
+  for (int64_t chunk : chunks) {
+    PlanOptions o = setup.plan_options;
+    o.loss_chunk_tokens = chunk;
+    choose_output_copy(config, setup.model, o);
+    const StepPlan p = build_step_plan(setup.model, o);
+    rows.push_back({chunk, p.memory.arena_bytes, cost.predict(p)});
+  }
+  return rows;
+}
 
 }  // namespace
 
@@ -84,6 +112,7 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
       auto_failure = "nothing fits the budget";
     }
   }
+  const std::vector<ChunkRow> chunk_rows = loss_chunk_rows(adjusted, setup, cost);
   const bool fits = static_cast<double>(plan.memory.arena_bytes) <= budget;
   std::vector<std::string> changes;
   if (!fits) changes = changes_that_fit(setup.model, setup.plan_options, budget, cost);
@@ -112,6 +141,14 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
     }
     j["policies"] = comparison;
     j["auto"] = automatic;
+    nlohmann::json chunks = nlohmann::json::array();
+    for (const auto& row : chunk_rows)
+      chunks.push_back({{"loss_chunk_tokens", row.chunk},
+                        {"arena_bytes", row.arena_bytes},
+                        {"step_seconds", row.time.seconds},
+                        {"tokens_per_second", row.time.tokens_per_second},
+                        {"this_config", row.chunk == plan.options.loss_chunk_tokens}});
+    j["loss_chunks"] = chunks;
     j["prediction"] = prediction_to_json(plan, time);
     j["device"] = {{"gpu", setup.ceilings.gpu_name}, {"memory_bytes", setup.ceilings.memory_bytes}};
     j["memory_budget_bytes"] = budget;
@@ -145,6 +182,24 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
     std::cout << line;
   }
   if (!auto_failure.empty()) std::cout << "  auto                " << auto_failure << "\n";
+
+  std::printf("\nloss chunks (%s; times from the cost model):\n"
+              "  tokens    arena        vs %-6lld  step s    tokens/s/GPU  fits (margin GB)\n",
+              config.training.loss_chunk_tokens > 0
+                  ? "set by training.loss_chunk_tokens"
+                  : "the planner takes the largest whose arena is within 2% of the first's, and the budget",
+              static_cast<long long>(chunk_rows.front().chunk));
+  for (const auto& row : chunk_rows) {
+    const double margin = budget - static_cast<double>(row.arena_bytes);
+    const double growth = static_cast<double>(row.arena_bytes) / static_cast<double>(chunk_rows.front().arena_bytes) - 1;
+    char percent[32];
+    std::snprintf(percent, sizeof percent, "%+.1f%%", 100 * growth);
+    std::snprintf(line, sizeof line, "  %-9lld %-12s %-9s %-9.3f %-13.0f %s (%.2f)%s\n", static_cast<long long>(row.chunk),
+                  format_bytes(row.arena_bytes).c_str(), percent, row.time.seconds, row.time.tokens_per_second,
+                  margin >= 0 ? "yes" : "no", margin / 1e9,
+                  row.chunk == plan.options.loss_chunk_tokens ? "   <- this config" : "");
+    std::cout << line;
+  }
   return 0;
 }
 

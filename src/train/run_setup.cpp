@@ -167,7 +167,10 @@ void reset_head_options(const JobConfig& config, PlanOptions& o) {
 void choose_head_options(const JobConfig& config, const ModelConfig& model, PlanOptions& o, double budget_bytes) {
   reset_head_options(config, o);
   if (config.training.loss_chunk_tokens == 0) o.loss_chunk_tokens = choose_loss_chunk(model, o, budget_bytes);
-  // After the chunk: the head's buffers decide whether it is the peak.
+  choose_output_copy(config, model, o);  // after the chunk: the head's buffers decide whether it is the peak
+}
+
+void choose_output_copy(const JobConfig& config, const ModelConfig& model, PlanOptions& o) {
   const std::string& output_copy = config.training.output_weight_copy;
   o.persistent_output_copy = output_copy == "persistent" || (output_copy == "auto" && choose_persistent_output_copy(model, o));
 }

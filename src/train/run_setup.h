@@ -59,6 +59,8 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
 // the configured policy; `smelt plan` to each policy it compares, so each row is the plan that
 // policy would run.
 void choose_head_options(const JobConfig& config, const ModelConfig& model, PlanOptions& options, double budget_bytes);
+// The second of those choices alone, for `options`' loss chunk.
+void choose_output_copy(const JobConfig& config, const ModelConfig& model, PlanOptions& options);
 // The head options before those choices, as the automatic policy searches with them: the
 // configured loss chunk or the base one (kBaseLossChunkTokens, at most the step's tokens), and the
 // output projection's copy cast per step.

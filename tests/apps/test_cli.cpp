@@ -86,6 +86,37 @@ TEST(Cli, EachPolicyRowIsThePlanThatPolicyRuns) {
   }
 }
 
+// `smelt plan` lists the loss chunks the planner weighs: each row is the plan that chunk runs
+// (its arena and step time as `smelt plan` reports with the chunk set), and the marked one is the
+// largest whose arena is within the allowance above the first's. Accumulating four microbatches
+// (f32 gradients added to) the proxy takes 4096 there.
+TEST(Cli, EachLossChunkRowIsThePlanThatChunkRuns) {
+  const std::string base = "plan --config " + config("llama3_8b_proxy.toml") +
+                           " --format json --float8.recipe=tensorwise --training.global_batch_size=4";
+  Outcome o = run_smelt(base);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  const auto j = nlohmann::json::parse(o.output);
+  const auto& rows = j["loss_chunks"];
+  ASSERT_EQ(rows.size(), 3u);
+  const double first = rows[0]["arena_bytes"].get<double>();
+  int64_t expected = 0, marked = 0;
+  for (const auto& row : rows) {
+    const int64_t chunk = row["loss_chunk_tokens"].get<int64_t>();
+    if (row["arena_bytes"].get<double>() <= first * 1.02) expected = chunk;
+    if (row["this_config"].get<bool>()) marked = chunk;
+    Outcome alone = run_smelt(base + " --training.loss_chunk_tokens=" + std::to_string(chunk));
+    ASSERT_EQ(alone.exit_code, 0) << alone.output;
+    const auto k = nlohmann::json::parse(alone.output);
+    EXPECT_EQ(row["arena_bytes"], k["arena_bytes"]) << chunk;
+    EXPECT_EQ(row["step_seconds"], k["prediction"]["step_seconds"]) << chunk;
+  }
+  EXPECT_EQ(marked, j["loss_chunk_tokens"].get<int64_t>());
+  EXPECT_EQ(marked, expected);
+  EXPECT_EQ(marked, 4096);
+  EXPECT_LT(rows[2]["step_seconds"].get<double>(), rows[0]["step_seconds"].get<double>())
+      << "fewer chunks read the output projection's f32 gradient back fewer times";
+}
+
 TEST(Cli, UnknownOverrideKeyExitsWithTwoAndNamesTheKey) {
   Outcome o = run_smelt("plan --training.sequence_length=4");
   EXPECT_EQ(o.exit_code, 2);
