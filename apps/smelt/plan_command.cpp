@@ -183,11 +183,12 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
   }
   if (!auto_failure.empty()) std::cout << "  auto                " << auto_failure << "\n";
 
+  char rule[160];
+  std::snprintf(rule, sizeof rule, "the planner takes the largest whose arena is within %.0f%% of the first's, and the budget",
+                100 * kLossChunkMemoryAllowance);
   std::printf("\nloss chunks (%s; times from the cost model):\n"
               "  tokens    arena        vs %-6lld  step s    tokens/s/GPU  fits (margin GB)\n",
-              config.training.loss_chunk_tokens > 0
-                  ? "set by training.loss_chunk_tokens"
-                  : "the planner takes the largest whose arena is within 2% of the first's, and the budget",
+              config.training.loss_chunk_tokens > 0 ? "set by training.loss_chunk_tokens" : rule,
               static_cast<long long>(chunk_rows.front().chunk));
   for (const auto& row : chunk_rows) {
     const double margin = budget - static_cast<double>(row.arena_bytes);
