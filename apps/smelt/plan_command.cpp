@@ -49,9 +49,9 @@ struct ChunkRow {
 // them), each planned as the run would be with it: the output copy chosen for that chunk.
 std::vector<ChunkRow> loss_chunk_rows(const JobConfig& config, const RunSetup& setup, const CostModel& cost) {
   std::vector<int64_t> chunks = loss_chunk_candidates(setup.plan_options.shape.tokens());
-  const int64_t configured = setup.plan_options.loss_chunk_tokens;
-  if (std::find(chunks.begin(), chunks.end(), configured) == chunks.end()) {
-    chunks.push_back(configured);
+  const int64_t taken = setup.plan_options.loss_chunk_tokens;  // the planner's or the config's
+  if (std::find(chunks.begin(), chunks.end(), taken) == chunks.end()) {
+    chunks.push_back(taken);
     std::sort(chunks.begin(), chunks.end());
   }
   std::vector<ChunkRow> rows;

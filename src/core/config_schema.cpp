@@ -191,9 +191,10 @@ std::vector<ConfigField> config_schema() {
       bind("training", "loss_chunk_tokens", &C::training, &TrainingSection::loss_chunk_tokens,
            "rows of the output projection computed at once: each doubling adds a chunk of bf16 logits "
            "(V x chunk) and halves the passes over the output projection's f32 gradient; 0 (default): "
-           "the largest of 2048, 4096 and 8192 that does not raise the step's peak above 2048's, or with "
-           "bf16 linear gradients one chunk for a step of at most 8192 tokens when that costs at most 2% "
-           "more memory (the output projection's gradient then written once, in bf16)",
+           "the largest of 2048, 4096, 8192 and one chunk (a step of at most 8192 tokens) whose arena is "
+           "at most 2% above 2048's and within the memory budget; `smelt plan` lists each with its "
+           "memory and time (one chunk with bf16 linear gradients writes the output projection's gradient "
+           "once, in bf16)",
            at_least(0)),
       bind("training", "cuda_graph", &C::training, &TrainingSection::cuda_graph,
            "CUDA: capture the forward and backward once as a CUDA graph and replay it every step"),
