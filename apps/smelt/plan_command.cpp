@@ -1,6 +1,6 @@
 // `smelt plan`: the step plan, memory breakdown, predicted step time and fit against a
-// device for a config, every checkpointing policy side by side (auto included), and the
-// memory timeline, on any machine (nothing is allocated).
+// device for a config, every checkpointing policy side by side (auto included) with the largest
+// batch each fits, the loss chunks, and the memory timeline, on any machine (nothing is allocated).
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -13,6 +13,7 @@
 #include "plan/loss_chunk.h"
 #include "plan/memory_timeline.h"
 #include "plan/plan_report.h"
+#include "train/batch_headroom.h"
 #include "train/run_setup.h"
 
 namespace smelt {
@@ -37,6 +38,7 @@ struct PolicyRow {
   std::string name;
   StepPlan plan;
   PlanTime time;
+  BatchHeadroom headroom;  // fixed policies only
 };
 
 struct ChunkRow {
@@ -65,6 +67,29 @@ std::vector<ChunkRow> loss_chunk_rows(const JobConfig& config, const RunSetup& s
   return rows;
 }
 
+// The largest batch each fixed policy fits, and what it would run at against this config.
+void print_batch_headroom(const std::vector<PolicyRow>& rows, const StepPlan& plan, const PlanTime& time) {
+  const int64_t passes = plan.options.microbatches;
+  std::printf("\nlargest batch that fits the budget (sequences of %lld per pass on each GPU%s; each planned as "
+              "that run would be; times from the cost model):\n"
+              "  policy              batch        arena        step s    tokens/s/GPU  vs this config\n",
+              static_cast<long long>(plan.options.shape.seq_len),
+              passes > 1 ? (", " + std::to_string(passes) + " accumulated passes a step").c_str() : "");
+  for (const auto& row : rows) {
+    if (row.name == "auto") continue;
+    const BatchHeadroom& h = row.headroom;
+    if (h.batch == 0) {
+      std::printf("  %-19s not even one sequence fits\n", row.name.c_str());
+      continue;
+    }
+    const std::string batch = std::to_string(h.batch) + (h.at_limit ? " (limit)" : "");
+    char gain[32];
+    std::snprintf(gain, sizeof gain, "%+.1f%%", 100 * (h.time.tokens_per_second / time.tokens_per_second - 1));
+    std::printf("  %-19s %-12s %-12s %-9.3f %-13.0f %s\n", row.name.c_str(), batch.c_str(),
+                format_bytes(h.arena_bytes).c_str(), h.time.seconds, h.time.tokens_per_second, gain);
+  }
+}
+
 }  // namespace
 
 int run_plan(const JobConfig& config, const PlanCommandOptions& options) { return run_plan(config, options, {}); }
@@ -91,7 +116,8 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
     choose_head_options(adjusted, setup.model, o, budget);
     StepPlan p = build_step_plan(setup.model, o);
     PlanTime t = cost.predict(p);
-    rows.push_back({name, std::move(p), t});
+    BatchHeadroom headroom = largest_fitting_batch(setup, o, cost, default_batch_search_limit(o.shape.seq_len));
+    rows.push_back({name, std::move(p), t, headroom});
   }
   std::string auto_failure;
   if (plan.options.policy.mode == CheckpointMode::automatic) {
@@ -136,8 +162,16 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
                           {"recompute_flops", row.plan.recompute_flops()},
                           {"prediction", prediction_to_json(row.plan, row.time)},
                           {"fits", static_cast<double>(row.plan.memory.arena_bytes) <= budget}};
-      if (row.name == "auto") automatic = r;
-      else comparison.push_back(r);
+      if (row.name == "auto") {
+        automatic = r;
+      } else {
+        r["largest_batch"] = {{"local_batch_size", row.headroom.batch},
+                              {"at_search_limit", row.headroom.at_limit},
+                              {"arena_bytes", row.headroom.arena_bytes},
+                              {"step_seconds", row.headroom.time.seconds},
+                              {"tokens_per_second", row.headroom.time.tokens_per_second}};
+        comparison.push_back(r);
+      }
     }
     j["policies"] = comparison;
     j["auto"] = automatic;
@@ -182,6 +216,8 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
     std::cout << line;
   }
   if (!auto_failure.empty()) std::cout << "  auto                " << auto_failure << "\n";
+
+  print_batch_headroom(rows, plan, time);
 
   char rule[160];
   std::snprintf(rule, sizeof rule, "the planner takes the largest whose arena is within %.0f%% of the first's, and the budget",

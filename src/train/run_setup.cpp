@@ -19,16 +19,22 @@ WorkspaceShape workspace_shape(const ModelConfig& model, const PlanOptions& opti
   w.tokens = options.shape.tokens();
   w.seq_len = options.shape.seq_len;
   w.batch = options.shape.batch;
-  const int64_t chunk = std::min(options.loss_chunk_tokens, w.tokens);
   w.max_rows = std::max({w.tokens, model.vocab_size, model.ffn_dim, model.dim});
   w.max_inner = std::max({w.tokens, model.ffn_dim, model.dim, model.vocab_size});
   w.max_cols = std::max({model.vocab_size, model.ffn_dim, model.dim});
-  (void)chunk;
   w.heads = model.n_heads;
   w.kv_heads = model.n_kv_heads;
   w.head_dim = model.head_dim();
   w.compute_dtype = options.compute_dtype;
   return w;
+}
+
+void size_workspaces(const std::string& device, const ModelConfig& model, PlanOptions& options, const Backend* backend) {
+  WorkspaceShape ws = workspace_shape(model, options);
+  ws.attention_backward_planned = true;  // its scratch is a planned buffer per backward attention step
+  options.backend_workspace_bytes = backend ? backend->workspace_bytes(ws) : estimated_workspace_bytes(device, ws);
+  options.attention_backward_scratch_bytes = backend ? backend->attention_backward_scratch_bytes(ws)
+                                                     : estimated_attention_backward_scratch_bytes(device, ws);
 }
 
 size_t estimated_attention_backward_scratch_bytes(const std::string& device, const WorkspaceShape& shape) {
@@ -118,11 +124,7 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   o.float8.save_inputs_in_float8 = config.float8.save_inputs_in_float8;
   o.float8.keep_transposed_weights = config.float8.keep_transposed_weights;
   o.float8.fuse_amax_into_producers = config.float8.fusion == "full";
-  WorkspaceShape ws = workspace_shape(setup.model, o);
-  ws.attention_backward_planned = true;  // its scratch is a planned buffer per backward attention step
-  o.backend_workspace_bytes = backend ? backend->workspace_bytes(ws) : estimated_workspace_bytes(config.job.device, ws);
-  o.attention_backward_scratch_bytes = backend ? backend->attention_backward_scratch_bytes(ws)
-                                               : estimated_attention_backward_scratch_bytes(config.job.device, ws);
+  size_workspaces(config.job.device, setup.model, o, backend);
   o.shard_degree = resolve_shard_degree(config.parallelism, read_launch_environment().world_size);
   o.reduce_dtype = parse_dtype(config.parallelism.reduce_dtype);
   o.shard_single_rank = config.parallelism.shard_single_rank;

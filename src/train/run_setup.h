@@ -72,6 +72,9 @@ void reset_head_options(const JobConfig& config, PlanOptions& options);
 void hold_to_memory_budget(const RunSetup& setup, Backend& backend, std::ostream& log);
 
 WorkspaceShape workspace_shape(const ModelConfig& model, const PlanOptions& options);
+// Sets options.backend_workspace_bytes and attention_backward_scratch_bytes for its shape: from
+// `backend` when there is one, else from the estimates below for `device` (cpu or cuda).
+void size_workspaces(const std::string& device, const ModelConfig& model, PlanOptions& options, const Backend* backend);
 
 // parallelism.data_parallel_shard_degree as a rank count: a positive value as is; -1 (torchtitan's
 // default) the ranks left after replication, world_size / data_parallel_replicate_degree (world_size:

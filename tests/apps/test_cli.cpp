@@ -2,6 +2,7 @@
 // output for a model far larger than this machine.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +24,14 @@ Outcome run_smelt(const std::string& arguments) { return run_command(std::string
 
 std::string config(const char* name) { return std::string(SMELT_SOURCE_DIR) + "/configs/" + name; }
 
+// The JSON a command prints (`smelt plan --format json ...`); a run that fails fails the test and
+// gives null.
+nlohmann::json run_json(const std::string& arguments) {
+  Outcome o = run_smelt(arguments);
+  EXPECT_EQ(o.exit_code, 0) << arguments << "\n" << o.output;
+  return o.exit_code == 0 ? nlohmann::json::parse(o.output) : nlohmann::json();
+}
+
 TEST(Cli, PlanPrintsTheBreakdownForEightBillion) {
   Outcome o = run_smelt("plan --config " + config("llama3_8b.toml") + " --activation_checkpoint.mode=selective-op");
   ASSERT_EQ(o.exit_code, 0) << o.output;
@@ -32,9 +41,8 @@ TEST(Cli, PlanPrintsTheBreakdownForEightBillion) {
 }
 
 TEST(Cli, PlanJsonIsMachineReadable) {
-  Outcome o = run_smelt("plan --config " + config("llama3_8b_proxy.toml") + " --format json --memory-budget-gb 80");
-  ASSERT_EQ(o.exit_code, 0) << o.output;
-  auto j = nlohmann::json::parse(o.output);
+  const auto j = run_json("plan --config " + config("llama3_8b_proxy.toml") + " --format json --memory-budget-gb 80");
+  ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["model"]["n_layers"], 8);
   EXPECT_GT(j["arena_bytes"].get<double>(), 40e9);
   EXPECT_EQ(j["policies"].size(), 4u);
@@ -44,13 +52,13 @@ TEST(Cli, PlanJsonIsMachineReadable) {
   EXPECT_EQ(j["loss_chunk_tokens"], 8192);
   EXPECT_EQ(j["linear_gradients_dtype"], "bf16");
   EXPECT_EQ(j["output_weight_copy"], "persistent");
-  Outcome two = run_smelt("plan --config " + config("llama3_8b_proxy.toml") + " --format json --training.local_batch_size=2");
-  ASSERT_EQ(two.exit_code, 0) << two.output;
-  EXPECT_EQ(nlohmann::json::parse(two.output)["output_weight_copy"], "per_step");
-  Outcome f32 = run_smelt("plan --config " + config("llama3_8b_proxy.toml") +
-                          " --format json --training.mixed_precision_param=float32");
-  ASSERT_EQ(f32.exit_code, 0) << f32.output;
-  EXPECT_EQ(nlohmann::json::parse(f32.output)["output_weight_copy"], "none");
+  // (the batch's largest under the budget: a positive count for every fixed policy)
+  for (const auto& p : j["policies"]) EXPECT_GE(p["largest_batch"]["local_batch_size"].get<int64_t>(), 1);
+  const auto two = run_json("plan --config " + config("llama3_8b_proxy.toml") + " --format json --training.local_batch_size=2");
+  EXPECT_EQ(two["output_weight_copy"], "per_step");
+  const auto f32 = run_json("plan --config " + config("llama3_8b_proxy.toml") +
+                            " --format json --training.mixed_precision_param=float32");
+  EXPECT_EQ(f32["output_weight_copy"], "none");
 }
 
 // Each row of the policy comparison is the plan that policy would run: its arena and predicted
@@ -62,17 +70,15 @@ TEST(Cli, EachPolicyRowIsThePlanThatPolicyRuns) {
   for (const char* variant : {" --training.local_batch_size=2", " --float8.recipe=tensorwise"}) {
     SCOPED_TRACE(variant);
     const std::string base = "plan --config " + config("llama3_8b_proxy.toml") + " --format json" + variant;
-    Outcome o = run_smelt(base);
-    ASSERT_EQ(o.exit_code, 0) << o.output;
-    const auto j = nlohmann::json::parse(o.output);
+    const auto j = run_json(base);
+    ASSERT_FALSE(j.is_null());
     ASSERT_EQ(j["policies"].size(), 4u);
     std::set<int64_t> chunks;
     std::set<std::string> copies;
     for (const auto& row : j["policies"]) {
       const std::string policy = row["policy"].get<std::string>();
-      Outcome alone = run_smelt(base + " --activation_checkpoint.mode=" + policy);
-      ASSERT_EQ(alone.exit_code, 0) << alone.output;
-      const auto k = nlohmann::json::parse(alone.output);
+      const auto k = run_json(base + " --activation_checkpoint.mode=" + policy);
+      ASSERT_FALSE(k.is_null());
       EXPECT_EQ(row["arena_bytes"], k["arena_bytes"]) << policy;
       EXPECT_EQ(row["prediction"]["step_seconds"], k["prediction"]["step_seconds"]) << policy;
       chunks.insert(k["loss_chunk_tokens"].get<int64_t>());
@@ -93,9 +99,8 @@ TEST(Cli, EachPolicyRowIsThePlanThatPolicyRuns) {
 TEST(Cli, EachLossChunkRowIsThePlanThatChunkRuns) {
   const std::string base = "plan --config " + config("llama3_8b_proxy.toml") +
                            " --format json --float8.recipe=tensorwise --training.global_batch_size=4";
-  Outcome o = run_smelt(base);
-  ASSERT_EQ(o.exit_code, 0) << o.output;
-  const auto j = nlohmann::json::parse(o.output);
+  const auto j = run_json(base);
+  ASSERT_FALSE(j.is_null());
   const auto& rows = j["loss_chunks"];
   ASSERT_EQ(rows.size(), 3u);
   const double first = rows[0]["arena_bytes"].get<double>();
@@ -104,9 +109,8 @@ TEST(Cli, EachLossChunkRowIsThePlanThatChunkRuns) {
     const int64_t chunk = row["loss_chunk_tokens"].get<int64_t>();
     if (row["arena_bytes"].get<double>() <= first * 1.02) expected = chunk;
     if (row["this_config"].get<bool>()) marked = chunk;
-    Outcome alone = run_smelt(base + " --training.loss_chunk_tokens=" + std::to_string(chunk));
-    ASSERT_EQ(alone.exit_code, 0) << alone.output;
-    const auto k = nlohmann::json::parse(alone.output);
+    const auto k = run_json(base + " --training.loss_chunk_tokens=" + std::to_string(chunk));
+    ASSERT_FALSE(k.is_null());
     EXPECT_EQ(row["arena_bytes"], k["arena_bytes"]) << chunk;
     EXPECT_EQ(row["step_seconds"], k["prediction"]["step_seconds"]) << chunk;
   }
@@ -115,6 +119,36 @@ TEST(Cli, EachLossChunkRowIsThePlanThatChunkRuns) {
   EXPECT_EQ(marked, 4096);
   EXPECT_LT(rows[2]["step_seconds"].get<double>(), rows[0]["step_seconds"].get<double>())
       << "fewer chunks read the output projection's f32 gradient back fewer times";
+}
+
+// `smelt plan` gives each fixed policy's largest batch under the budget: the run configured with
+// that batch plans the same arena and step time and fits; one sequence more does not fit.
+TEST(Cli, EachPolicysLargestBatchFitsAndOneMoreDoesNot) {
+  const std::string base = "plan --config " + config("llama3_8b_proxy.toml") +
+                           " --format json --float8.recipe=tensorwise --memory-budget-gb 80";
+  const auto j = run_json(base);
+  ASSERT_FALSE(j.is_null());
+  ASSERT_EQ(j["policies"].size(), 4u);
+  int64_t smallest = 1 << 30, largest = 0;
+  for (const auto& row : j["policies"]) {
+    const std::string policy = row["policy"].get<std::string>();
+    const auto& headroom = row["largest_batch"];
+    const int64_t batch = headroom["local_batch_size"].get<int64_t>();
+    ASSERT_GE(batch, 1) << policy;
+    EXPECT_FALSE(headroom["at_search_limit"].get<bool>()) << policy;
+    smallest = std::min(smallest, batch);
+    largest = std::max(largest, batch);
+    const std::string alone = base + " --activation_checkpoint.mode=" + policy + " --training.local_batch_size=";
+    const auto k = run_json(alone + std::to_string(batch));
+    ASSERT_FALSE(k.is_null());
+    EXPECT_TRUE(k["fits"].get<bool>()) << policy;
+    EXPECT_EQ(headroom["arena_bytes"], k["arena_bytes"]) << policy;
+    EXPECT_EQ(headroom["step_seconds"], k["prediction"]["step_seconds"]) << policy;
+    const auto more = run_json(alone + std::to_string(batch + 1));
+    ASSERT_FALSE(more.is_null());
+    EXPECT_FALSE(more["fits"].get<bool>()) << policy << " at batch " << batch + 1;
+  }
+  EXPECT_GT(largest, smallest) << "recomputing more should fit a larger batch";
 }
 
 TEST(Cli, UnknownOverrideKeyExitsWithTwoAndNamesTheKey) {
@@ -161,9 +195,8 @@ TEST(Cli, ImportConfigWritesASmeltConfigThatPlans) {
   for (const char* expected : {"translated:", "model.flavor = \"8B\" -> model.flavor = \"llama3_8b\"",
                                "set aside", "compile.enable", "wrote "})
     EXPECT_NE(o.output.find(expected), std::string::npos) << "missing '" << expected << "' in:\n" << o.output;
-  Outcome plan = run_smelt("plan --config " + output + " --format json");
-  ASSERT_EQ(plan.exit_code, 0) << plan.output;
-  const auto j = nlohmann::json::parse(plan.output);
+  const auto j = run_json("plan --config " + output + " --format json");
+  ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["model"]["n_layers"], 32);
   EXPECT_EQ(j["policy"], "selective-op");
   // An existing output is kept.
@@ -216,10 +249,9 @@ TEST(Cli, BenchCalibrationFeedsThePlannersCostModel) {
   EXPECT_GT(entries.size(), 10u);
   for (const auto& e : entries) EXPECT_GT(e["seconds"].get<double>(), 0) << e.dump();
 
-  Outcome plan = run_smelt("plan" + model + " --format json --op-timings " + cache);
-  ASSERT_EQ(plan.exit_code, 0) << plan.output;
-  const auto j = nlohmann::json::parse(plan.output);
-  EXPECT_GT(j["prediction"]["calibrated_steps"].get<int>(), 10) << plan.output;
+  const auto j = run_json("plan" + model + " --format json --op-timings " + cache);
+  ASSERT_FALSE(j.is_null());
+  EXPECT_GT(j["prediction"]["calibrated_steps"].get<int>(), 10) << j.dump();
   Outcome bad = run_smelt("plan" + model + " --activation_checkpoint.op_timings=" + (folder / "trace.json").string());
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("op timing cache"), std::string::npos) << bad.output;
