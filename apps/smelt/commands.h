@@ -5,6 +5,7 @@
 
 #include "cli_common.h"
 #include "core/config.h"
+#include "train/evaluate.h"
 
 namespace smelt {
 
@@ -43,6 +44,12 @@ struct TokenizerTrainCommandOptions {
   std::string text_field = "text";
 };
 int run_tokenizer_train(const TokenizerTrainCommandOptions& options);
+
+struct EvalCommandOptions {
+  EvaluateOptions evaluate;
+  std::string format = "text";
+};
+int run_eval(const JobConfig& config, const EvalCommandOptions& options);
 
 struct GenerateOptions;
 int run_generate(const GenerateOptions& options);

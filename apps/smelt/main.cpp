@@ -1,4 +1,4 @@
-// smelt: the command line. Subcommands train, plan, bench, prepare,
+// smelt: the command line. Subcommands train, plan, bench, eval, prepare,
 // tokenizer train, generate, export, import-config and config-keys; every error
 // becomes a message on stderr and a non-zero exit code (2 for config errors).
 #include <cstdio>
@@ -45,9 +45,31 @@ int main(int argc, char** argv) {
                             "activation_checkpoint.op_timings and `smelt plan --op-timings` read");
   bench_command->add_option("--output", bench_options.output, "JSON results file (default <dump_folder>/bench.json)");
 
+  ConfigOptions eval_config;
+  EvalCommandOptions eval_options;
+  auto* eval_command = app.add_subcommand(
+      "eval", "Loss and perplexity of trained weights on validation data, computed as training's validation is");
+  add_config_options(*eval_command, eval_config);
+  eval_command
+      ->add_option("--weights", eval_options.evaluate.weights,
+                   "Run folder, checkpoint (folder), folder of checkpoints, model.safetensors or Hugging Face folder")
+      ->required();
+  eval_command->add_option("--tokenizer", eval_options.evaluate.tokenizer,
+                           "Tokenizer (byte or a tiktoken file; default: the one the weights record)");
+  eval_command->add_option("--batches", eval_options.evaluate.batches,
+                           "Batches to evaluate (default: validation.steps; at most what the data holds)")
+      ->check(CLI::PositiveNumber);
+  eval_command->add_option("--format", eval_options.format, "text or json")->check(CLI::IsMember({"text", "json"}));
+
   GenerateOptions generate_options;
   auto* generate_command = app.add_subcommand("generate", "Sample text from trained weights");
-  generate_command->add_option("--checkpoint", generate_options.checkpoint, "Run folder, model.safetensors, or a checkpoint folder (whole or per-rank)")->required();
+  generate_command
+      ->add_option("--checkpoint", generate_options.checkpoint,
+                   "Run folder, checkpoint (folder, whole or per-rank), folder of checkpoints, model.safetensors or "
+                   "Hugging Face folder")
+      ->required();
+  generate_command->add_option("--tokenizer", generate_options.tokenizer,
+                               "Tokenizer (byte or a tiktoken file; default: the one the weights record)");
   generate_command->add_option("--prompt", generate_options.prompt, "Text to continue");
   generate_command->add_option("--max-tokens", generate_options.max_tokens, "Tokens to generate")->check(CLI::NonNegativeNumber);
   generate_command->add_option("--temperature", generate_options.temperature, "Sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
@@ -100,6 +122,7 @@ int main(int argc, char** argv) {
       JobConfig config = resolve_config(*bench_command, bench_config);
       return run_bench(config, bench_options, bench_config);
     }
+    if (*eval_command) return run_eval(resolve_config(*eval_command, eval_config), eval_options);
     if (*generate_command) return run_generate(generate_options);
     if (*prepare_command) return run_prepare(prepare_options);
     if (*export_command) return run_export(export_options);

@@ -258,7 +258,47 @@ OpenedSource open_source(const std::string& path, const char* what, double fract
   return opened;
 }
 
+struct ValidationSource {
+  TokenStream stream;
+  std::string description;  // "validation: PATH (...), N tokens[ of its validation split]"
+};
+
+// options.validation_path's validation split when it has one (prepared shards), else all of it.
+ValidationSource open_validation_source(const DatasetOptions& options, const Tokenizer& tokenizer) {
+  OpenedSource held_out = open_source(options.validation_path, "validation dataset", 0.0, options, tokenizer);
+  const bool split = held_out.folder.validation.size() > 0;
+  ValidationSource source;
+  source.stream = split ? std::move(held_out.folder.validation) : std::move(held_out.folder.train);
+  source.description = "validation: " + held_out.description + ", " + std::to_string(source.stream.size()) +
+                       (split ? " tokens of its validation split" : " tokens");
+  return source;
+}
+
 }  // namespace
+
+ValidationData open_validation_data(const DatasetOptions& options, const Tokenizer& tokenizer) {
+  ValidationSource source;
+  if (!options.validation_path.empty()) {
+    source = open_validation_source(options, tokenizer);
+  } else {
+    if (options.path.empty())
+      fail(ErrorKind::config, "validation data: expected a dataset path (validation.dataset_path, or "
+                              "training.dataset_path for its held-out part), found none; set one");
+    OpenedSource opened = open_source(options.path, "dataset", options.validation_fraction, options, tokenizer);
+    source.stream = std::move(opened.folder.validation);
+    source.description = "validation: the held-out part of " + opened.description + ", " +
+                         std::to_string(source.stream.size()) + " tokens";
+  }
+  if (source.stream.size() <= static_cast<uint64_t>(options.seq_len))
+    fail(ErrorKind::input, source.description + ": expected more than one sequence of " +
+                               std::to_string(options.seq_len) + " tokens; use more text or a shorter sequence length");
+  ValidationData data;
+  data.tokens = static_cast<int64_t>(source.stream.size());
+  data.description = std::move(source.description);
+  data.loader = make_sequence_loader(std::move(source.stream), SequenceOrder::sequential, options.batch_size,
+                                     options.seq_len, options.seed, options.rank, options.world_size);
+  return data;
+}
 
 Dataset open_dataset(const DatasetOptions& options, const Tokenizer& tokenizer) {
   if (options.path.empty())
@@ -272,12 +312,10 @@ Dataset open_dataset(const DatasetOptions& options, const Tokenizer& tokenizer) 
                         std::to_string(train.folder.train.shards()) + " shards";
   if (!separate) dataset.description += ", " + std::to_string(validation.size()) + " validation tokens";
   if (!train.folder.tokenizer.empty()) dataset.description += ", tokenizer " + train.folder.tokenizer;
-  if (separate) {  // its validation split when it has one (prepared shards), else all of it
-    OpenedSource held_out = open_source(options.validation_path, "validation dataset", 0.0, options, tokenizer);
-    const bool split = held_out.folder.validation.size() > 0;
-    validation = split ? std::move(held_out.folder.validation) : std::move(held_out.folder.train);
-    dataset.description += "; validation: " + held_out.description + ", " + std::to_string(validation.size()) +
-                           (split ? " tokens of its validation split" : " tokens");
+  if (separate) {
+    ValidationSource held_out = open_validation_source(options, tokenizer);
+    validation = std::move(held_out.stream);
+    dataset.description += "; " + held_out.description;
   }
   dataset.train = make_sequence_loader(std::move(train.folder.train), SequenceOrder::shuffled, options.batch_size,
                                        options.seq_len, options.seed, options.rank, options.world_size);

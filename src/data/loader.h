@@ -78,4 +78,15 @@ struct Dataset {
 // validation source when options.validation_path names one.
 Dataset open_dataset(const DatasetOptions& options, const Tokenizer& tokenizer);
 
+// The validation data alone, as open_dataset's `validation` reads it (the same tokens in the same
+// order): options.validation_path's validation split when it has one, else all of it; without a
+// validation_path, the held-out part of options.path. For evaluating weights (`smelt eval`).
+// Fewer tokens than one sequence is an input error naming the source.
+struct ValidationData {
+  std::unique_ptr<DataLoader> loader;  // sequential, wrapping around at the end
+  int64_t tokens = 0;                  // in the stream
+  std::string description;
+};
+ValidationData open_validation_data(const DatasetOptions& options, const Tokenizer& tokenizer);
+
 }  // namespace smelt

@@ -96,6 +96,25 @@ ModelConfig make_model_config(const ModelSection& section, int64_t tokenizer_voc
   return c;
 }
 
+ModelSection model_section_of(const ModelConfig& model) {
+  ModelSection section;
+  section.flavor = "debugmodel";  // every shape below overrides it; a preset's name is kept
+  for (const auto& p : kPresets)
+    if (model.flavor == p.flavor) section.flavor = p.flavor;
+  section.dim = model.dim;
+  section.n_layers = model.n_layers;
+  section.n_heads = model.n_heads;
+  section.n_kv_heads = model.n_kv_heads;
+  section.vocab_size = model.vocab_size;
+  section.ffn_dim = model.ffn_dim;
+  section.multiple_of = model.multiple_of;
+  if (model.ffn_dim_multiplier > 0) section.ffn_dim_multiplier = model.ffn_dim_multiplier;  // 0: none
+  section.norm_eps = model.norm_eps;
+  section.rope_theta = model.rope_theta;
+  section.rope_scaling = model.rope_scaling;
+  return section;
+}
+
 std::string describe(const ModelConfig& c) {
   char text[512];
   std::snprintf(text, sizeof text,

@@ -42,6 +42,9 @@ std::vector<std::string> model_flavors();
 // The preset `flavor` with the overrides of the [model] section applied; vocab_size
 // comes from the tokenizer when the preset and the config leave it open (0).
 ModelConfig make_model_config(const ModelSection& section, int64_t tokenizer_vocab_size);
+// A [model] section that make_model_config turns back into `model`'s shapes (the flavor kept when
+// it names a preset, else debugmodel's with every shape overridden): weights' shapes as a config.
+ModelSection model_section_of(const ModelConfig& model);
 std::string describe(const ModelConfig& config);  // one line: "debugmodel: 6 layers, dim 256, ... 6.4 M parameters"
 
 }  // namespace smelt

@@ -43,8 +43,11 @@ int32_t sample(const std::vector<float>& logits, double temperature, double top_
 std::string generate(const GenerateOptions& options, const std::function<void(const std::string&)>& on_text) {
   if (options.max_tokens < 0) fail(ErrorKind::config, "--max-tokens must be at least 0");
   if (options.top_p <= 0 || options.top_p > 1) fail(ErrorKind::config, "--top-p must be in (0, 1]");
-  SavedModel saved = load_model_weights(options.checkpoint);
-  auto tokenizer = load_tokenizer(saved.tokenizer);
+  SavedModel saved = load_weights_from(options.checkpoint, "--checkpoint", options.tokenizer);
+  if (options.tokenizer.empty() && saved.tokenizer.empty())
+    fail(ErrorKind::config, "--checkpoint '" + options.checkpoint + "' records no tokenizer (a Hugging Face folder); "
+                            "pass --tokenizer, e.g. the folder's original/tokenizer.model");
+  auto tokenizer = load_tokenizer(options.tokenizer.empty() ? saved.tokenizer : options.tokenizer);
   auto backend = make_backend(options.device);
 
   PlanOptions plan_options;

@@ -8,7 +8,8 @@
 namespace smelt {
 
 struct GenerateOptions {
-  std::string checkpoint;   // run folder or model.safetensors
+  std::string checkpoint;   // run folder, checkpoint (folder), model.safetensors or Hugging Face folder (load_weights_from)
+  std::string tokenizer;    // tokenizer spec; empty: the one the weights record (an HF folder records none)
   std::string prompt;
   int64_t max_tokens = 100;
   double temperature = 0.8;  // 0: greedy

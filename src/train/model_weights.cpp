@@ -1,10 +1,12 @@
 // Saving and loading the final weights of a run (or of a checkpoint, whole-model or per rank).
 #include "train/model_weights.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
 #include "train/checkpoint.h"
+#include "train/hf_weights.h"
 #include "train/safetensors.h"
 
 namespace smelt {
@@ -86,6 +88,38 @@ SavedModel load_model_weights(const std::string& path) {
                                  " elements for this model");
     std::memcpy(saved.parameters.data() + p.offset, st.bytes_of(p.name), static_cast<size_t>(elements) * sizeof(float));
   }
+  return saved;
+}
+
+SavedModel load_weights_from(const std::string& path, const std::string& option, const std::string& hf_tokenizer,
+                             int64_t seq_len) {
+  namespace fs = std::filesystem;
+  if (is_hf_folder(path)) {
+    const HfConfig hf = read_hf_config(path);
+    SavedModel saved;
+    saved.model = hf.model;
+    saved.tokenizer = hf_tokenizer;
+    saved.seq_len = seq_len > 0 ? seq_len : std::min<int64_t>(hf.max_position_embeddings, 2048);
+    saved.parameters = load_hf_weights(path, hf.model);
+    return saved;
+  }
+  std::string source = path;
+  if (fs::is_directory(path)) {
+    if (fs::exists(fs::path(path) / "model.safetensors")) {
+      source = (fs::path(path) / "model.safetensors").string();  // a run folder or one checkpoint
+    } else if (!fs::exists(fs::path(path) / "index.json")) {    // (index.json alone: a sharded checkpoint)
+      const std::string newest = find_newest_checkpoint(path);
+      if (newest.empty())
+        fail(ErrorKind::input, option + " '" + path + "' holds no model.safetensors, no checkpoint and no config.json; "
+                               "expected a run folder, a checkpoint (folder) or a Hugging Face folder");
+      source = newest;  // its model.safetensors, or every rank's model files of a sharded one
+    }
+  } else if (!fs::exists(path)) {
+    fail(ErrorKind::input, option + " '" + path + "': no such file or folder; expected a run folder, model.safetensors, "
+                           "a checkpoint (folder) or a Hugging Face folder");
+  }
+  SavedModel saved = load_model_weights(source);
+  if (seq_len > 0) saved.seq_len = seq_len;
   return saved;
 }
 

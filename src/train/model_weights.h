@@ -20,4 +20,12 @@ void save_model_weights(const std::string& path, Executor& executor, const std::
 // `path` is a model.safetensors file or a run folder holding one.
 SavedModel load_model_weights(const std::string& path);
 
+// Weights from any source smelt reads: a run folder or one checkpoint (their model.safetensors), a
+// folder of checkpoints (the newest), a sharded checkpoint (every rank's files), model.safetensors,
+// or a Hugging Face Llama folder (recorded with `hf_tokenizer` as its tokenizer spec and a context
+// of at most 2048). seq_len > 0 replaces the recorded context. `option` names the argument in
+// errors ("--from").
+SavedModel load_weights_from(const std::string& path, const std::string& option, const std::string& hf_tokenizer,
+                             int64_t seq_len = 0);
+
 }  // namespace smelt

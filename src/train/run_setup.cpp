@@ -2,6 +2,7 @@
 #include "train/run_setup.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include <unistd.h>
 
@@ -158,6 +159,21 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
   }
   choose_head_options(config, setup.model, o, setup.memory_budget_bytes);
   return setup;
+}
+
+DatasetOptions dataset_options(const RunSetup& setup, int rank, int world_size) {
+  const JobConfig& config = setup.config;
+  DatasetOptions data;
+  data.path = config.training.dataset_path;
+  data.validation_path = config.validation.dataset_path;
+  data.batch_size = setup.plan_options.shape.batch;
+  data.seq_len = setup.plan_options.shape.seq_len;
+  data.seed = static_cast<uint64_t>(config.training.seed);
+  data.model_vocab_size = setup.model.vocab_size;
+  data.cache_dir = (std::filesystem::path(config.job.dump_folder) / ".cache").string();
+  data.rank = rank;
+  data.world_size = world_size;
+  return data;
 }
 
 void reset_head_options(const JobConfig& config, PlanOptions& o) {

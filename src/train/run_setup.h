@@ -5,6 +5,7 @@
 #include <ostream>
 
 #include "core/config.h"
+#include "data/loader.h"
 #include "data/tokenizer.h"
 #include "ops/backend.h"
 #include "plan/cost_model.h"
@@ -70,6 +71,10 @@ void reset_head_options(const JobConfig& config, PlanOptions& options);
 // memory back (MemoryResource::limit_to) so the run has exactly the budget and no more; logs it.
 // Call after prepare_run and before the arena is allocated. Without an explicit budget: nothing.
 void hold_to_memory_budget(const RunSetup& setup, Backend& backend, std::ostream& log);
+
+// The data loader's options for this run: the config's dataset and validation paths, seed and
+// cache folder (<dump_folder>/.cache), the plan's batch and sequence length, and this rank's slice.
+DatasetOptions dataset_options(const RunSetup& setup, int rank = 0, int world_size = 1);
 
 WorkspaceShape workspace_shape(const ModelConfig& model, const PlanOptions& options);
 // Sets options.backend_workspace_bytes and attention_backward_scratch_bytes for its shape: from

@@ -92,16 +92,7 @@ TrainResult train(const JobConfig& config, std::ostream& log, Communicator* comm
     write_file_atomically(result.run_folder + "/config.json", config_to_json(config));
   }
 
-  DatasetOptions data;
-  data.path = config.training.dataset_path;
-  data.validation_path = config.validation.dataset_path;
-  data.batch_size = shape.batch;
-  data.seq_len = shape.seq_len;
-  data.seed = static_cast<uint64_t>(config.training.seed);
-  data.model_vocab_size = model.vocab_size;
-  data.cache_dir = (std::filesystem::path(config.job.dump_folder) / ".cache").string();
-  data.rank = ranks.rank;
-  data.world_size = ranks.world_size;
+  const DatasetOptions data = dataset_options(setup, ranks.rank, ranks.world_size);
   // Rank 0 tokenizes text into the cache first; the others then read it.
   if (!ranks.leader()) ranks.communicator->barrier();
   Dataset dataset = open_dataset(data, *setup.tokenizer);

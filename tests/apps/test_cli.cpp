@@ -151,6 +151,21 @@ TEST(Cli, EachPolicysLargestBatchFitsAndOneMoreDoesNot) {
   EXPECT_GT(largest, smallest) << "recomputing more should fit a larger batch";
 }
 
+// `smelt eval` refuses weights that are not there (naming them) and a batch count below one.
+TEST(Cli, EvalNamesMissingWeightsAndRefusesZeroBatches) {
+  const smelt::testing_support::TemporaryFolder folder;
+  Outcome missing = run_smelt("eval --weights " + folder.path("no_run"));
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.output.find("--weights"), std::string::npos) << missing.output;
+  EXPECT_NE(missing.output.find(folder.path("no_run")), std::string::npos) << missing.output;
+  Outcome zero = run_smelt("eval --weights " + folder.path() + " --batches 0");
+  EXPECT_EQ(zero.exit_code, 2) << zero.output;
+  EXPECT_NE(zero.output.find("--batches"), std::string::npos) << zero.output;
+  Outcome none = run_smelt("eval");
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_NE(none.output.find("--weights"), std::string::npos) << none.output;
+}
+
 TEST(Cli, UnknownOverrideKeyExitsWithTwoAndNamesTheKey) {
   Outcome o = run_smelt("plan --training.sequence_length=4");
   EXPECT_EQ(o.exit_code, 2);

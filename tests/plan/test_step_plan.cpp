@@ -7,6 +7,7 @@
 #include "model/fp8_linear.h"
 #include "plan/plan_report.h"
 #include "plan/step_plan.h"
+#include "support/fresh_random.h"
 #include "support/model_shapes.h"
 
 namespace smelt {
@@ -218,6 +219,44 @@ TEST(ModelConfig, OverridesAndErrors) {
     ADD_FAILURE();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("debugmodel"), std::string::npos);
+  }
+}
+
+// Weights' shapes as a [model] section (smelt eval configures its run with them): every preset,
+// and random shapes under a flavor no preset has (a Hugging Face folder's), come back unchanged.
+TEST(ModelConfig, SectionOfShapesGivesTheShapesBack) {
+  for (const std::string& flavor : model_flavors()) {
+    ModelSection s;
+    s.flavor = flavor;
+    const ModelConfig preset = make_model_config(s, 258);
+    JobConfig config;
+    config.model = model_section_of(preset);
+    validate_config(config);
+    EXPECT_EQ(model_config_to_json(make_model_config(model_section_of(preset), 0)), model_config_to_json(preset)) << flavor;
+  }
+  testing_support::FreshRandom random;
+  for (int trial = 0; trial < 50; ++trial) {
+    ModelConfig m;
+    m.flavor = "hf";
+    m.n_kv_heads = 1 + int64_t(random.below(4));
+    m.n_heads = m.n_kv_heads * (1 + int64_t(random.below(4)));
+    m.dim = m.n_heads * 2 * (1 + int64_t(random.below(32)));
+    m.n_layers = 1 + int64_t(random.below(40));
+    m.vocab_size = 1 + int64_t(random.below(200000));
+    m.ffn_dim = 1 + int64_t(random.below(30000));
+    m.multiple_of = 1 + int64_t(random.below(1024));
+    m.ffn_dim_multiplier = random.below(2) ? 0 : random.uniform(0.5, 2);
+    m.norm_eps = random.uniform(1e-6, 1e-4);
+    m.rope_theta = random.uniform(1e3, 1e6);
+    m.rope_scaling = random.below(2) == 1;
+    JobConfig config;
+    config.model = model_section_of(m);
+    validate_config(config);  // a section a config file could hold
+    const ModelConfig back = make_model_config(config.model, 0);
+    EXPECT_EQ(back.flavor, "debugmodel");
+    ModelConfig renamed = back;
+    renamed.flavor = m.flavor;
+    EXPECT_EQ(model_config_to_json(renamed), model_config_to_json(m)) << trial;
   }
 }
 
