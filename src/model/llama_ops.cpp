@@ -230,7 +230,7 @@ void output_head(const HeadViews& v, const ModelContext& c) {
   Backend& b = c.backend;
   const int64_t tokens = v.final_norm_out.rows();
   const int64_t chunk = v.logits.rows();
-  SMELT_CHECK(v.output_grad.dtype != DType::bf16 || (chunk >= tokens && c.microbatches == 1),
+  SMELT_CHECK(v.loss_only || v.output_grad.dtype != DType::bf16 || (chunk >= tokens && c.microbatches == 1),
               "output head: a bf16 output-projection gradient needs one loss chunk and one microbatch (it is written "
               "once, never added to)");
   for (int64_t first = 0; first < tokens; first += chunk) {
@@ -246,6 +246,7 @@ void output_head(const HeadViews& v, const ModelContext& c) {
     ce.grad_logits = grad_logits;
     ce.grad_scale = 1.0f / static_cast<float>(tokens * c.microbatches);  // the step's mean over every microbatch
     b.cross_entropy(ce);
+    if (v.loss_only) continue;
     GemmArgs input_grad;  // d hidden = d logits @ W_out
     input_grad.a = grad_logits;
     input_grad.b = v.output_weight;

@@ -65,12 +65,14 @@ struct HeadViews {
   TensorView losses;              // (N) f32
   TensorView residual_gradient;   // (N, D)
   TensorView first_residual;      // (N, D): embedding output = block 0 input
+  bool loss_only = false;         // forward-only plans: the output head computes the losses alone
 };
 
 void embedding_forward(const HeadViews& views, const ModelContext& context);
 void final_norm_forward(const HeadViews& views, const ModelContext& context);
 // Output projection and cross-entropy, forward and backward, `logits.rows()` tokens at a time:
-// the full (N, V) logits never exist. Writes per-token losses, d final_norm_out and d output weight.
+// the full (N, V) logits never exist. Writes per-token losses, d final_norm_out and d output weight
+// (with views.loss_only, the losses alone: no gradient views are read or written).
 void output_head(const HeadViews& views, const ModelContext& context);
 void final_norm_backward(const HeadViews& views, const ModelContext& context);
 void embedding_backward(const HeadViews& views, const ModelContext& context);

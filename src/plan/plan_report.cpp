@@ -28,7 +28,8 @@ std::string float8_linear_summary(const StepPlan& plan);
 
 std::string plan_summary_line(const StepPlan& plan) {
   std::ostringstream out;
-  out << plan.options.policy.str() << ", " << dtype_name(plan.options.compute_dtype) << ", ";
+  out << (plan.options.forward_only ? std::string("forward only") : plan.options.policy.str()) << ", "
+      << dtype_name(plan.options.compute_dtype) << ", ";
   if (plan.options.float8.recipe != Float8Recipe::none)
     out << "float8 " << float8_recipe_name(plan.options.float8.recipe) << " (" << float8_linear_summary(plan) << "), ";
   const int64_t microbatches = plan.options.microbatches;

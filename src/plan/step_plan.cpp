@@ -211,10 +211,11 @@ void add_float8_buffers(PlanBuilder& b, StepPlan& plan, int64_t tokens) {
   const Shape scratch_bytes{float8_scratch_value_bytes(plan.float8_sizes)};
   plan.float8_scratch = b.buffer("float8 scratch, forward (x in e4m3, K-major)", DType::e4m3, scratch_bytes,
                                  BufferClass::workspace);
-  plan.float8_scratch_backward = b.buffer(transposes_per_use
-                                              ? "float8 scratch, recompute and backward (x, dy, dy^T, x^T, W^T in e4m3/e5m2)"
-                                              : "float8 scratch, recompute and backward (x, dy, dy^T, x^T in e4m3/e5m2)",
-                                          DType::e4m3, scratch_bytes, BufferClass::workspace);
+  if (!plan.options.forward_only)
+    plan.float8_scratch_backward = b.buffer(transposes_per_use
+                                                ? "float8 scratch, recompute and backward (x, dy, dy^T, x^T, W^T in e4m3/e5m2)"
+                                                : "float8 scratch, recompute and backward (x, dy, dy^T, x^T in e4m3/e5m2)",
+                                            DType::e4m3, scratch_bytes, BufferClass::workspace);
   if (float8_fused_amax(plan.options.float8))
     plan.float8_producer_amax = b.buffer("float8 amax taken by producers (SwiGLU out, d gate, d up, the norms' "
                                          "outputs, wo's dy per block)",
@@ -233,7 +234,7 @@ void add_float8_buffers(PlanBuilder& b, StepPlan& plan, int64_t tokens) {
                                  Shape{plan.float8_weight_layout.value_bytes}, BufferClass::compute_weights, true);
   plan.float8_weight_scales = b.buffer("float8 weight scales", DType::f32, Shape{plan.float8_weight_layout.scale_floats},
                                        BufferClass::compute_weights, true);
-  if (optimizer_takes_float8_weight_amax(plan.options))
+  if (optimizer_takes_float8_weight_amax(plan.options) && !plan.options.forward_only)
     plan.float8_weight_amax = b.buffer("float8 weight amax (taken by AdamW for the cast)", DType::f32,
                                        Shape{plan.model.n_layers * kLayerWeightCount}, BufferClass::workspace, true);
   if (float8_gemm_cast(recipe, LinearGemm::output).a.scaling == OperandScaling::tensorwise)
@@ -277,6 +278,10 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
                   std::to_string(model.n_layers) + " blocks");
   SMELT_CHECK(options.shard_degree >= 1, "shard_degree must be at least 1");
   SMELT_CHECK(options.replicate_degree >= 1, "replicate_degree must be at least 1");
+  SMELT_CHECK(!options.forward_only || (options.shard_degree == 1 && options.replicate_degree == 1 &&
+                                        !options.shard_single_rank && options.microbatches == 1),
+              "a forward-only plan is for one unsharded model and one microbatch");
+  const bool training = !options.forward_only;
   if (options.float8.recipe != Float8Recipe::none) {
     if (options.compute_dtype != DType::bf16 && options.compute_dtype != DType::f32)
       fail(ErrorKind::config, "float8 recipe '" + std::string(float8_recipe_name(options.float8.recipe)) +
@@ -305,7 +310,9 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   // the gradients (compute_copy_ranges).
   if (compute != master) plan.compute_copy_ranges = compute_copy_ranges(model, options);
   plan.parameters = b.buffer("parameters (master)", master, flat, BufferClass::parameters, true);
-  if (low_precision_linear_grads(options)) {
+  if (!training) {
+    // (no gradients and no optimizer state)
+  } else if (low_precision_linear_grads(options)) {
     const bool output_too = plan.compute_copy_ranges.back().low_grad;  // the output projection is the last run
     plan.gradients = b.buffer(output_too ? "gradients (embedding, norms)" : "gradients (embedding, norms, output)",
                               master, Shape{gradient_elements(plan.compute_copy_ranges, false)}, BufferClass::gradients,
@@ -317,8 +324,10 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   } else {
     plan.gradients = b.buffer("gradients", master, flat, BufferClass::gradients, true);
   }
-  plan.exp_avg = b.buffer("AdamW exp_avg", master, flat, BufferClass::optimizer_state, true);
-  plan.exp_avg_sq = b.buffer("AdamW exp_avg_sq", master, flat, BufferClass::optimizer_state, true);
+  if (training) {
+    plan.exp_avg = b.buffer("AdamW exp_avg", master, flat, BufferClass::optimizer_state, true);
+    plan.exp_avg_sq = b.buffer("AdamW exp_avg_sq", master, flat, BufferClass::optimizer_state, true);
+  }
   if (compute != master) {
     // Unsharded: only the weights compute-dtype GEMMs and ops read (compute_copy_ranges).
     const std::string what = plan.compute_copy_ranges.empty() ? " copy)" : " copy of what its GEMMs and norms read)";
@@ -337,7 +346,8 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
                               Shape{static_cast<int64_t>((options.backend_workspace_bytes + 3) / 4)},
                               BufferClass::workspace, true);
   plan.loss = b.buffer("loss", statistics, Shape{1}, BufferClass::loss, true);
-  plan.grad_sum_squares = b.buffer("gradient sum of squares", statistics, Shape{1}, BufferClass::loss, true);
+  if (training)
+    plan.grad_sum_squares = b.buffer("gradient sum of squares", statistics, Shape{1}, BufferClass::loss, true);
 
   // Residual stream and per-block buffers.
   for (int64_t i = 0; i <= layers; ++i)
@@ -355,7 +365,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
       lb.kept[static_cast<int>(Activation::layer_input)] = true;
       lb.kept[static_cast<int>(Activation::layer_output)] = false;
     }
-    lb.recomputed = recompute_ops(lb.kept);
+    if (training) lb.recomputed = recompute_ops(lb.kept);
     for (int w = 0; w < kLayerWeightCount; ++w) {
       const auto weight = static_cast<LayerWeight>(w);
       if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm) continue;
@@ -382,7 +392,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
                                     spec_shape(spec), BufferClass::recompute);
       }
     }
-    for (int g = 0; g < kGradientCount; ++g) {
+    for (int g = 0; g < kGradientCount && training; ++g) {
       const Gradient gradient = static_cast<Gradient>(g);
       // The SwiGLU backward is the last reader of gate and up and the first writer of their
       // gradients, element by element: the gradients take the activations' memory (two (N, F)
@@ -401,7 +411,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
                                 BufferClass::activation_gradients);
     }
     const auto float8_saved = float8_saved_inputs(lb, options.float8);
-    for (int a = 0; a < kActivationCount; ++a) {
+    for (int a = 0; a < kActivationCount && training; ++a) {
       if (!float8_saved[a]) continue;
       const auto act = static_cast<Activation>(a);
       const int64_t in = activation_spec(act, model, shape, compute).dims[1];
@@ -411,7 +421,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
                                     DType::e4m3, Shape{float8_saved_input_bytes(options.float8.recipe, in, tokens)},
                                     BufferClass::activations);
     }
-    if (options.attention_backward_scratch_bytes > 0)
+    if (options.attention_backward_scratch_bytes > 0 && training)
       lb.attention_scratch = b.buffer(prefix + "attention backward scratch", DType::f32,
                                       Shape{static_cast<int64_t>((options.attention_backward_scratch_bytes + 3) / 4)},
                                       BufferClass::workspace);
@@ -424,8 +434,10 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   const int64_t chunk = std::max<int64_t>(1, std::min(options.loss_chunk_tokens, tokens));
   plan.final_norm_out = b.buffer("norm.out", compute, Shape{tokens, model.dim}, BufferClass::activations);
   plan.final_rstd = b.buffer("norm.rstd", statistics, Shape{tokens}, BufferClass::activations);
-  plan.final_norm_out_grad = b.buffer("grad.norm.out", compute, Shape{tokens, model.dim}, BufferClass::activation_gradients);
-  plan.residual_gradient = b.buffer("grad.residual", compute, Shape{tokens, model.dim}, BufferClass::activation_gradients);
+  if (training) {
+    plan.final_norm_out_grad = b.buffer("grad.norm.out", compute, Shape{tokens, model.dim}, BufferClass::activation_gradients);
+    plan.residual_gradient = b.buffer("grad.residual", compute, Shape{tokens, model.dim}, BufferClass::activation_gradients);
+  }
   // Logits in the compute dtype (a bf16 GEMM's output, as autocast gives PyTorch); the
   // cross-entropy reads them in f32 and writes the gradient over them.
   plan.logits = b.buffer("output.logits (chunk; its gradient in place)", compute, Shape{chunk, model.vocab_size},
@@ -456,10 +468,18 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
              ids);
     }
   }
-  const double head_flops = 6.0 * static_cast<double>(tokens * model.dim * model.vocab_size);
+  // The projection's forward GEMM, and for training its two backward GEMMs.
+  const double head_flops = (training ? 6.0 : 2.0) * static_cast<double>(tokens * model.dim * model.vocab_size);
   shard.begin_use(shard.head_use());
   b.emit(shard.tag({StepKind::final_norm_forward}, shard.head_use(), false),
          {plan.residual[layers], plan.final_norm_out, plan.final_rstd});
+  if (!training) {
+    b.emit({StepKind::output_head, -1, 0, head_flops},
+           {plan.final_norm_out, plan.targets, plan.logits, plan.losses, plan.output_weight});
+    b.emit({StepKind::loss_reduce}, {plan.losses, plan.loss});
+    b.finish();
+    return plan;
+  }
   b.emit(shard.tag({StepKind::output_head, -1, 0, head_flops}, shard.head_use(), true),
          {plan.final_norm_out, plan.targets, plan.logits, plan.grad_logits, plan.losses, plan.final_norm_out_grad,
           plan.output_weight});

@@ -122,6 +122,11 @@ struct PlanOptions {
   // (4 + 2 bytes per element against AdamW's 2) but holds its bytes across the whole step; it
   // costs no memory where the output head is the peak (choose_persistent_output_copy, plan/output_copy.h).
   bool persistent_output_copy = false;
+  // An evaluation plan (smelt eval, smelt generate): the forward steps, the final norm, the output
+  // head's projection and per-token losses, and the loss reduction; no backward, no gradients, no
+  // optimizer state. Every activation then lives only until its last forward reader, whatever the
+  // policy says. Unsharded, one microbatch.
+  bool forward_only = false;
 };
 
 struct PlannedBuffer {

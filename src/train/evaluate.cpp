@@ -53,7 +53,12 @@ EvaluateResult evaluate(const JobConfig& config, const EvaluateOptions& options,
       fail(ErrorKind::internal, "smelt eval: the run's model " + model_config_to_json(planned) +
                                     " differs from the weights' " + model_config_to_json(saved.model));
   }
-  StepPlan plan = build_step_plan(setup.model, setup.plan_options);
+  // The forward passes alone: no gradients or optimizer state, activations freed after their last
+  // reader, and the output projection's compute copy (if any) filled once with the others.
+  PlanOptions forward = setup.plan_options;
+  forward.forward_only = true;
+  forward.persistent_output_copy = true;
+  StepPlan plan = build_step_plan(setup.model, forward);
   const StepShape shape = setup.plan_options.shape;
   EvaluateResult result;
   result.model = describe(saved.model) + ", from " + options.weights;

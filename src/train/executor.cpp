@@ -95,6 +95,7 @@ void Executor::read_parameters(float* host) {
 }
 
 void Executor::reset_optimizer_state() {
+  if (plan_.options.forward_only) return;  // nothing to reset
   backend_.fill(view(plan_.exp_avg), 0.0f);
   backend_.fill(view(plan_.exp_avg_sq), 0.0f);
   backend_.fill(view(plan_.gradients), 0.0f);
@@ -169,7 +170,7 @@ LayerViews Executor::layer_views(const Step& step) const {
   for (int w = 0; w < kLayerWeightCount; ++w) {
     const auto& info = layout_.layer(step.layer, static_cast<LayerWeight>(w));
     v.weight[w] = weight_view(info, step);
-    v.weight_grad[w] = grad_view(info, step);
+    if (!plan_.options.forward_only) v.weight_grad[w] = grad_view(info, step);
   }
   return v;
 }
@@ -179,20 +180,22 @@ HeadViews Executor::head_views(const Step& step) const {
   v.tokens = view(plan_.tokens);
   v.targets = view(plan_.targets);
   v.embedding = weight_view(layout_.embedding(), step);
-  v.embedding_grad = grad_view(layout_.embedding(), step);
   v.final_input = view(plan_.residual.back());
   v.final_norm_weight = weight_view(layout_.final_norm(), step);
-  v.final_norm_grad = grad_view(layout_.final_norm(), step);
   v.final_norm_out = view(plan_.final_norm_out);
   v.final_rstd = view(plan_.final_rstd);
   v.output_weight = plan_.output_weight >= 0 ? view(plan_.output_weight) : weight_view(layout_.output(), step);
-  v.output_grad = grad_view(layout_.output(), step);
   v.logits = view(plan_.logits);
   v.grad_logits = view(plan_.grad_logits);
-  v.final_norm_out_grad = view(plan_.final_norm_out_grad);
   v.losses = view(plan_.losses);
-  v.residual_gradient = view(plan_.residual_gradient);
   v.first_residual = view(plan_.residual.front());
+  v.loss_only = plan_.options.forward_only;
+  if (v.loss_only) return v;  // no gradients planned
+  v.embedding_grad = grad_view(layout_.embedding(), step);
+  v.final_norm_grad = grad_view(layout_.final_norm(), step);
+  v.output_grad = grad_view(layout_.output(), step);
+  v.final_norm_out_grad = view(plan_.final_norm_out_grad);
+  v.residual_gradient = view(plan_.residual_gradient);
   return v;
 }
 
@@ -388,6 +391,7 @@ void Executor::run_graphed(StepSet set, const OptimizerSettings& optimizer) {
 }
 
 void Executor::run_gradients(const OptimizerSettings& optimizer) {
+  SMELT_CHECK(!plan_.options.forward_only, "executor: a forward-only plan computes losses (run_loss), not gradients");
   SMELT_CHECK(plan_.options.microbatches == 1,
               "run_gradients runs a step of one microbatch; this plan has " +
                   std::to_string(plan_.options.microbatches) + ": call run_microbatch for each");
@@ -396,6 +400,7 @@ void Executor::run_gradients(const OptimizerSettings& optimizer) {
 }
 
 void Executor::run_microbatch(const OptimizerSettings& optimizer, int64_t index) {
+  SMELT_CHECK(!plan_.options.forward_only, "executor: a forward-only plan computes losses (run_loss), not gradients");
   const int64_t count = plan_.options.microbatches;
   SMELT_CHECK(index >= 0 && index < count, "run_microbatch: microbatch " + std::to_string(index) +
                                                " of a step of " + std::to_string(count));
@@ -460,6 +465,9 @@ static double read_scalar(Backend& backend, const TensorView& v) {
 
 double Executor::loss() { return read_scalar(backend_, view(plan_.loss)); }
 
-double Executor::gradient_norm() { return std::sqrt(read_scalar(backend_, view(plan_.grad_sum_squares))); }
+double Executor::gradient_norm() {
+  SMELT_CHECK(plan_.grad_sum_squares >= 0, "executor: a forward-only plan has no gradient norm");
+  return std::sqrt(read_scalar(backend_, view(plan_.grad_sum_squares)));
+}
 
 }  // namespace smelt

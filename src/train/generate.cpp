@@ -54,6 +54,7 @@ std::string generate(const GenerateOptions& options, const std::function<void(co
   plan_options.shape = {1, saved.seq_len};
   plan_options.compute_dtype = DType::f32;
   plan_options.loss_chunk_tokens = 1;
+  plan_options.forward_only = true;
   WorkspaceShape w;
   w.tokens = saved.seq_len;
   w.seq_len = saved.seq_len;

@@ -3,7 +3,8 @@
 // bf16 / f32 tolerances; float8 recipes against the CPU emulation (with AC none, the inputs kept
 // as float8 x^T from forward to backward); bf16 selective-op and the tensorwise and rowwise runs
 // keep the block linears' weight gradients in bf16, the others in f32; gradient accumulation (three
-// microbatches a step, the later ones replayed as a CUDA graph on the GPU). Skips without a GPU.
+// microbatches a step, the later ones replayed as a CUDA graph on the GPU); evaluation's
+// forward-only plan against the training plan's loss. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -37,7 +38,7 @@ struct Run {
 };
 
 Run make_run(std::unique_ptr<Backend> backend, DType compute, const char* policy, Float8Recipe recipe,
-             DType linear_grads, int64_t loss_chunk, int64_t microbatches) {
+             DType linear_grads, int64_t loss_chunk, int64_t microbatches, bool forward_only = false) {
   Run r;
   r.backend = std::move(backend);
   ModelConfig model = small_model();
@@ -49,6 +50,7 @@ Run make_run(std::unique_ptr<Backend> backend, DType compute, const char* policy
   o.linear_grad_dtype = linear_grads;
   o.loss_chunk_tokens = loss_chunk;
   o.microbatches = microbatches;
+  o.forward_only = forward_only;
   WorkspaceShape w;
   w.tokens = 128;
   w.seq_len = 64;
@@ -153,6 +155,34 @@ TEST(CudaTraining, AccumulatedMicrobatchesMatchTheCpuReference) {
 }
 TEST(CudaTraining, Float8TensorwiseAccumulatedSelectiveOpMatchesTheCpuEmulation) {
   compare_training(DType::bf16, "selective-op", 2e-2, 5e-2, Float8Recipe::tensorwise, DType::f32, 48, 3);
+}
+
+// Evaluation's forward-only plan on the GPU: the loss of the training plan's forward (what
+// validation computes) bit for bit, in bf16 and float8, and the CPU's within rounding.
+TEST(CudaEvaluation, ForwardOnlyPlanGivesTheTrainingPlansLoss) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  Random random(testing_support::fresh(78));
+  std::vector<int32_t> inputs(128), targets(128);
+  for (auto& t : inputs) t = static_cast<int32_t>(random.below(300));
+  for (auto& t : targets) t = static_cast<int32_t>(random.below(300));
+  for (Float8Recipe recipe : {Float8Recipe::none, Float8Recipe::tensorwise, Float8Recipe::rowwise}) {
+    SCOPED_TRACE(std::string(float8_recipe_name(recipe)));
+    smelt::Run training = make_run(make_cuda_backend(), DType::bf16, "selective-op", recipe, DType::bf16, 48, 1);
+    smelt::Run forward = make_run(make_cuda_backend(), DType::bf16, "selective-op", recipe, DType::bf16, 48, 1, true);
+    smelt::Run cpu = make_run(make_cpu_backend(), DType::bf16, "selective-op", recipe, DType::bf16, 48, 1, true);
+    ASSERT_LT(forward.plan.memory.arena_bytes, training.plan.memory.arena_bytes);
+    OptimizerSettings unused;
+    double losses[3];
+    int k = 0;
+    for (smelt::Run* r : {&training, &forward, &cpu}) {
+      r->executor->load_batch(inputs.data(), targets.data());
+      r->executor->run_loss(unused);
+      losses[k++] = r->executor->loss();
+    }
+    ASSERT_TRUE(std::isfinite(losses[1]));
+    EXPECT_EQ(losses[1], losses[0]);
+    EXPECT_NEAR(losses[1], losses[2], 1e-2 * std::fabs(losses[2]));
+  }
 }
 
 }  // namespace

@@ -180,6 +180,59 @@ TEST(StepPlan, SummaryLineNamesTheFloat8RecipeAndItsLinears) {
   }
 }
 
+// A forward-only plan (evaluation, generation) runs the forward steps, the head and the loss
+// reduction, holds no gradients, optimizer state or recompute buffers, keeps no activation past
+// its last forward reader (so every policy plans the same arena), and needs less memory than the
+// training step by at least the gradients and moments it drops.
+TEST(StepPlan, ForwardOnlyPlanHoldsTheWeightsAndOneLayersActivations) {
+  const ModelConfig model = eight_billion(4);
+  size_t first_arena = 0;
+  for (const char* policy : {"none", "selective-op", "full"}) {
+    for (Float8Recipe recipe : {Float8Recipe::none, Float8Recipe::tensorwise, Float8Recipe::rowwise}) {
+      SCOPED_TRACE(std::string(policy) + " " + std::string(float8_recipe_name(recipe)));
+      PlanOptions o = options(policy);
+      o.float8.recipe = recipe;
+      const StepPlan training = build_step_plan(model, o);
+      o.forward_only = true;
+      const StepPlan forward = build_step_plan(model, o);
+      for (const Step& step : forward.steps)
+        EXPECT_TRUE(step.kind == StepKind::embedding_forward || step.kind == StepKind::layer_forward ||
+                    step.kind == StepKind::final_norm_forward || step.kind == StepKind::output_head ||
+                    step.kind == StepKind::loss_reduce)
+            << step.name();
+      EXPECT_EQ(forward.steps.back().kind, StepKind::loss_reduce);
+      for (BufferClass kind : {BufferClass::gradients, BufferClass::optimizer_state, BufferClass::activation_gradients,
+                               BufferClass::recompute})
+        EXPECT_EQ(forward.bytes_of(kind), 0u) << buffer_class_name(kind);
+      EXPECT_EQ(forward.bytes_of(BufferClass::parameters), training.bytes_of(BufferClass::parameters));
+      EXPECT_LE(forward.memory.arena_bytes + training.bytes_of(BufferClass::gradients) +
+                    training.bytes_of(BufferClass::optimizer_state),
+                training.memory.arena_bytes);
+      // No activation outlives the block after the one that wrote it: at every step, at most two
+      // blocks' activation bytes (plus the residual stream's and the head's) are live.
+      size_t block_activations = 0;
+      for (const auto& lb : forward.layers)
+        for (int a = 0; a < kActivationCount; ++a)
+          if (a != static_cast<int>(Activation::layer_input) && a != static_cast<int>(Activation::layer_output))
+            block_activations += forward.buffers[static_cast<size_t>(lb.forward[a])].request.bytes;
+      block_activations /= forward.layers.size();
+      const size_t residual = forward.buffers[static_cast<size_t>(forward.residual[0])].request.bytes;
+      size_t peak_activations = 0;
+      for (const auto& live : forward.memory.live_by_class)
+        peak_activations = std::max(peak_activations, live[static_cast<size_t>(BufferClass::activations)]);
+      EXPECT_LE(peak_activations, 2 * block_activations + 3 * residual);
+      if (recipe == Float8Recipe::none) {
+        if (first_arena == 0) first_arena = forward.memory.arena_bytes;
+        EXPECT_EQ(forward.memory.arena_bytes, first_arena) << "the policy should not matter without a backward";
+      }
+    }
+  }
+  PlanOptions sharded = options("full");
+  sharded.forward_only = true;
+  sharded.shard_degree = 2;
+  EXPECT_THROW(build_step_plan(model, sharded), Error);
+}
+
 TEST(ModelConfig, PresetsHaveThePublishedShapes) {
   auto make = [](const char* flavor) {
     ModelSection s;

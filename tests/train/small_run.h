@@ -13,7 +13,7 @@
 namespace smelt::testing_support {
 
 // A small Llama trained for a few steps on the project's text, with a fresh seed, validating at
-// the end on `validation_steps` batches of the held-out part.
+// the end on `validation_steps` batches of the held-out part; in f32 unless told otherwise.
 struct TrainedRun {
   testing_support::TemporaryFolder temporary;
   JobConfig config;
@@ -21,7 +21,8 @@ struct TrainedRun {
   std::string log;
 };
 
-inline void train_small(TrainedRun& run, int64_t validation_steps) {
+inline void train_small(TrainedRun& run, int64_t validation_steps, const std::string& precision = "float32",
+                        const std::string& float8_recipe = "none") {
   testing_support::FreshRandom random;
   const std::filesystem::path folder = run.temporary.path();
   testing_support::write_source_corpus(folder / "data", {"docs", "src/plan"});
@@ -41,6 +42,8 @@ inline void train_small(TrainedRun& run, int64_t validation_steps) {
   c.validation.enable = true;
   c.validation.freq = 4;
   c.validation.steps = validation_steps;
+  c.training.mixed_precision_param = precision;
+  c.float8.recipe = float8_recipe;
   std::ostringstream log;
   run.result = train(c, log);
   run.log = log.str();

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "support/expect_error.h"
 #include "train/evaluate.h"
@@ -57,6 +59,32 @@ TEST(Evaluate, RunWeightsGiveTheRunsFinalValidationLoss) {
   other.model.n_layers = 5;
   other.model.dim = 128;
   EXPECT_EQ(evaluate(other, options, log).loss, run.result.final_validation_loss);
+}
+
+// The forward-only plan computes what the training plan's validation computed, in every
+// precision: bf16 (compute copies, the output projection's kept), float8 (the forward GEMMs in
+// e4m3 without the inputs saved for a backward).
+TEST(Evaluate, EveryPrecisionGivesTheRunsValidationLoss) {
+  for (const auto& [precision, recipe] : std::vector<std::pair<std::string, std::string>>{
+           {"bfloat16", "none"}, {"bfloat16", "tensorwise"}, {"bfloat16", "rowwise"}, {"bfloat16", "blockwise"}}) {
+    SCOPED_TRACE(precision + " " + recipe);
+    TrainedRun run;
+    train_small(run, 2, precision, recipe);
+    ASSERT_GT(run.result.final_validation_loss, 0) << run.log;
+    EvaluateOptions options;
+    options.weights = run.result.run_folder;
+    std::ostringstream log;
+    const EvaluateResult r = evaluate(run.config, options, log);
+    EXPECT_EQ(r.loss, run.result.final_validation_loss) << log.str();
+    EXPECT_NE(log.str().find("forward only"), std::string::npos) << log.str();
+    // The same weights evaluated in f32 give a loss near it, not equal (another rounding).
+    JobConfig wide = run.config;
+    wide.training.mixed_precision_param = "float32";
+    wide.float8.recipe = "none";
+    const double f32 = evaluate(wide, options, log).loss;
+    EXPECT_NE(f32, r.loss);
+    EXPECT_NEAR(f32, r.loss, 0.05 * r.loss);
+  }
 }
 
 TEST(Evaluate, MoreBatchesThanTheDataHoldsReadItAllOnce) {
