@@ -23,9 +23,10 @@ int run_eval(const JobConfig& config, const EvalCommandOptions& options) {
   }
   char line[512];
   std::snprintf(line, sizeof line,
-                "smelt: evaluated %lld tokens (%lld batches) in %.1f s: loss %.4f, perplexity %.2f, %.3f bits per token",
-                static_cast<long long>(r.tokens), static_cast<long long>(r.batches), r.seconds, r.loss, r.perplexity,
-                r.bits_per_token);
+                "smelt: evaluated %lld tokens (%lld batches) in %.1f s (%.0f tokens/s): loss %.4f, perplexity %.2f, "
+                "%.3f bits per token",
+                static_cast<long long>(r.tokens), static_cast<long long>(r.batches), r.seconds, r.tokens / r.seconds,
+                r.loss, r.perplexity, r.bits_per_token);
   std::cout << line << std::endl;
   return 0;
 }

@@ -19,12 +19,17 @@ namespace smelt {
 
 namespace {
 
-// The config of the run the weights are evaluated in: their shapes and tokenizer, one pass a step.
+// The config of the run the weights are evaluated in: their shapes and tokenizer, one pass a
+// step. The checkpointing policy and memory budget describe a training step, which is neither
+// planned nor checked here (the forward-only plan keeps nothing for a backward): a fixed policy
+// and no budget, so that prepare_run does not search or refuse on the training step's memory.
 JobConfig evaluation_config(const JobConfig& config, const SavedModel& saved, const std::string& tokenizer) {
   JobConfig c = config;
   c.model = model_section_of(saved.model);
   c.model.tokenizer_path = tokenizer.empty() ? saved.tokenizer : tokenizer;
   c.training.global_batch_size = -1;  // no accumulation: each batch is one forward pass
+  c.activation_checkpoint.mode = "full";
+  c.activation_checkpoint.memory_budget_gb = 0;
   return c;
 }
 

@@ -59,6 +59,13 @@ TEST(Evaluate, RunWeightsGiveTheRunsFinalValidationLoss) {
   other.model.n_layers = 5;
   other.model.dim = 128;
   EXPECT_EQ(evaluate(other, options, log).loss, run.result.final_validation_loss);
+
+  // The config's policy and budget describe training steps: an automatic policy under a budget no
+  // training step fits neither searches nor refuses here.
+  JobConfig tight = run.config;
+  tight.activation_checkpoint.mode = "auto";
+  tight.activation_checkpoint.memory_budget_gb = 0.001;
+  EXPECT_EQ(evaluate(tight, options, log).loss, run.result.final_validation_loss);
 }
 
 // The forward-only plan computes what the training plan's validation computed, in every
