@@ -14,6 +14,7 @@
 #include "plan/memory_timeline.h"
 #include "plan/plan_report.h"
 #include "train/batch_headroom.h"
+#include "train/evaluate.h"
 #include "train/run_setup.h"
 
 namespace smelt {
@@ -139,6 +140,10 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
     }
   }
   const std::vector<ChunkRow> chunk_rows = loss_chunk_rows(adjusted, setup, cost);
+  // What `smelt eval` plans for these weights and batches (one device only).
+  size_t evaluation_arena = 0;
+  if (!plan.data_parallel())
+    evaluation_arena = build_step_plan(setup.model, evaluation_plan_options(setup.plan_options)).memory.arena_bytes;
   const bool fits = static_cast<double>(plan.memory.arena_bytes) <= budget;
   std::vector<std::string> changes;
   if (!fits) changes = changes_that_fit(setup.model, setup.plan_options, budget, cost);
@@ -189,6 +194,7 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
     j["fits"] = fits;
     j["margin_bytes"] = budget - static_cast<double>(plan.memory.arena_bytes);
     j["changes_that_fit"] = changes;
+    j["evaluation_arena_bytes"] = evaluation_arena > 0 ? nlohmann::json(evaluation_arena) : nlohmann::json();
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -203,6 +209,9 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
   std::cout << line;
   std::cout << "fit:       " << fit_description(plan.memory.arena_bytes, budget) << "\n";
   for (const auto& change : changes) std::cout << "           would fit with " << change << "\n";
+  if (evaluation_arena > 0)
+    std::cout << "eval:      " << format_bytes(evaluation_arena)
+              << " for smelt eval of these weights and batches (forward only: no gradients or optimizer state)\n";
 
   std::cout << "\ncheckpointing policies (same model, batch, dtype and layout; times from the cost model):\n"
                "  policy              arena        act.+recompute  recompute FLOPs  step s    tokens/s/GPU  fits (margin GB)\n";

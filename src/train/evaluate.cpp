@@ -19,21 +19,38 @@ namespace smelt {
 
 namespace {
 
-// The config of the run the weights are evaluated in: their shapes and tokenizer, one pass a
-// step. The checkpointing policy and memory budget describe a training step, which is neither
-// planned nor checked here (the forward-only plan keeps nothing for a backward): a fixed policy
-// and no budget, so that prepare_run does not search or refuse on the training step's memory.
+// The config of the run the weights are evaluated in: their shapes and tokenizer, one pass a step.
 JobConfig evaluation_config(const JobConfig& config, const SavedModel& saved, const std::string& tokenizer) {
   JobConfig c = config;
   c.model = model_section_of(saved.model);
   c.model.tokenizer_path = tokenizer.empty() ? saved.tokenizer : tokenizer;
   c.training.global_batch_size = -1;  // no accumulation: each batch is one forward pass
-  c.activation_checkpoint.mode = "full";
-  c.activation_checkpoint.memory_budget_gb = 0;
   return c;
 }
 
+// The run's setup as training would make it (the same loss chunk, so the same GEMM shapes in the
+// head), without refusing on the training step's memory: planned without the backend (whose
+// workspace the estimates equal), and when an automatic policy finds no training step under the
+// budget, as `full`; evaluation keeps nothing for a backward either way.
+RunSetup evaluation_setup(const JobConfig& config) {
+  try {
+    return prepare_run(config, nullptr);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::memory) throw;
+    JobConfig full = config;
+    full.activation_checkpoint.mode = "full";
+    return prepare_run(full, nullptr);
+  }
+}
+
 }  // namespace
+
+PlanOptions evaluation_plan_options(PlanOptions training) {
+  training.forward_only = true;
+  training.persistent_output_copy = true;
+  training.microbatches = 1;
+  return training;
+}
 
 EvaluateResult evaluate(const JobConfig& config, const EvaluateOptions& options, std::ostream& log) {
   using clock = std::chrono::steady_clock;
@@ -50,7 +67,7 @@ EvaluateResult evaluate(const JobConfig& config, const EvaluateOptions& options,
                             "--tokenizer, e.g. the folder's original/tokenizer.model");
   const JobConfig c = evaluation_config(config, saved, options.tokenizer);
   auto backend = make_backend(c.job.device, 0, c.training.gemm_autotune);
-  RunSetup setup = prepare_run(c, backend.get());
+  RunSetup setup = evaluation_setup(c);
   {
     ModelConfig planned = setup.model;
     planned.flavor = saved.model.flavor;
@@ -58,12 +75,7 @@ EvaluateResult evaluate(const JobConfig& config, const EvaluateOptions& options,
       fail(ErrorKind::internal, "smelt eval: the run's model " + model_config_to_json(planned) +
                                     " differs from the weights' " + model_config_to_json(saved.model));
   }
-  // The forward passes alone: no gradients or optimizer state, activations freed after their last
-  // reader, and the output projection's compute copy (if any) filled once with the others.
-  PlanOptions forward = setup.plan_options;
-  forward.forward_only = true;
-  forward.persistent_output_copy = true;
-  StepPlan plan = build_step_plan(setup.model, forward);
+  StepPlan plan = build_step_plan(setup.model, evaluation_plan_options(setup.plan_options));
   const StepShape shape = setup.plan_options.shape;
   EvaluateResult result;
   result.model = describe(saved.model) + ", from " + options.weights;

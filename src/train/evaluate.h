@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/config.h"
+#include "plan/step_plan.h"
 
 namespace smelt {
 
@@ -25,6 +26,11 @@ struct EvaluateResult {
   double seconds = 0;         // the forward passes, data loading included
   std::string model, data;    // descriptions
 };
+
+// The plan smelt eval runs for a training step's options: forward only (no gradients, optimizer
+// state or recompute; activations freed after their last forward reader), one pass, the output
+// projection's compute copy (if any) filled once with the others; the same shapes and loss chunk.
+PlanOptions evaluation_plan_options(PlanOptions training);
 
 // `config` gives the device, precision, float8 recipe, checkpointing policy, batch, sequence length
 // and data (validation.dataset_path, else the held-out part of training.dataset_path); the model's
