@@ -90,14 +90,19 @@ StepPlan::GradientPlace StepPlan::gradient_place(const ParameterInfo& info) cons
 
 namespace {
 
-// Unsharded plans with a compute dtype other than the master's: their compute copy is packed
+// Unsharded plans with a compute dtype other than the weights': their compute copy is packed
 // from runs (compute_copy_ranges).
 bool packed_compute_copy(const PlanOptions& options) {
   const bool sharded = options.shard_degree > 1 || options.shard_single_rank;
-  return !sharded && options.compute_dtype != master_dtype(options.compute_dtype);
+  return !sharded && options.compute_dtype != parameter_dtype(options);
 }
 
 }  // namespace
+
+DType parameter_dtype(const PlanOptions& options) {
+  if (options.forward_only && options.float8.recipe == Float8Recipe::none) return options.compute_dtype;
+  return master_dtype(options.compute_dtype);
+}
 
 bool low_precision_linear_grads(const PlanOptions& options) {
   // Replicas all-reduce each unit's gradients as one range of the flat layout: they keep it.
@@ -305,11 +310,13 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   // Persistent state.
   ShardScheduler shard(b, plan);
   const Shape flat{shard.sharded() ? shard.local_total() : layout.total()};
-  const DType master = master_dtype(compute), statistics = statistics_dtype(compute);
+  const DType master = parameter_dtype(options), statistics = statistics_dtype(compute);
   // Unsharded with a compute dtype other than the master's: the runs of the compute copy and of
   // the gradients (compute_copy_ranges).
   if (compute != master) plan.compute_copy_ranges = compute_copy_ranges(model, options);
-  plan.parameters = b.buffer("parameters (master)", master, flat, BufferClass::parameters, true);
+  plan.parameters = b.buffer(master == master_dtype(compute) ? "parameters (master)"
+                                                              : "parameters (" + std::string(dtype_name(master)) + ")",
+                             master, flat, BufferClass::parameters, true);
   if (!training) {
     // (no gradients and no optimizer state)
   } else if (low_precision_linear_grads(options)) {

@@ -125,9 +125,15 @@ struct PlanOptions {
   // An evaluation plan (smelt eval, smelt generate): the forward steps, the final norm, the output
   // head's projection and per-token losses, and the loss reduction; no backward, no gradients, no
   // optimizer state. Every activation then lives only until its last forward reader, whatever the
-  // policy says. Unsharded, one microbatch.
+  // policy says. Without float8 linears the weights are held in the compute dtype alone (the
+  // values a training step's compute copy holds; no master); float8 linears quantise theirs from
+  // the fp32 master, as training does. Unsharded, one microbatch.
   bool forward_only = false;
 };
+
+// The dtype of the plan's flat parameters: the master dtype (f32; f64 for f64 compute), or the
+// compute dtype in forward-only plans without float8 linears.
+DType parameter_dtype(const PlanOptions& options);
 
 struct PlannedBuffer {
   BufferRequest request;

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "core/numerics.h"
+
 namespace smelt {
 
 Executor::Executor(const StepPlan& plan, Backend& backend, Communicator* communicator)
@@ -74,6 +76,10 @@ void Executor::load_parameters(const float* host) {
   if (parameters.dtype == DType::f64) {  // f64 master weights (finite-difference tests)
     std::vector<double> wide(host, host + parameters.numel());
     backend_.copy_to_device(parameters, wide.data());
+  } else if (parameters.dtype == DType::bf16) {  // forward-only: the weights rounded as a compute copy is
+    std::vector<uint16_t> rounded(static_cast<size_t>(parameters.numel()));
+    for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = float_to_bf16(host[i]);
+    backend_.copy_to_device(parameters, rounded.data());
   } else {
     backend_.copy_to_device(parameters, host);
   }
@@ -85,6 +91,7 @@ void Executor::read_parameters(float* host) {
   if (sharded()) return gather_from_shards(plan_.parameters, host);
   if (!host) return;
   TensorView parameters = view(plan_.parameters);
+  SMELT_CHECK(parameters.dtype != DType::bf16, "executor: a forward-only plan's bf16 weights are not the master weights");
   if (parameters.dtype == DType::f64) {
     std::vector<double> wide(static_cast<size_t>(parameters.numel()));
     backend_.copy_to_host(wide.data(), parameters);

@@ -181,9 +181,10 @@ TEST(StepPlan, SummaryLineNamesTheFloat8RecipeAndItsLinears) {
 }
 
 // A forward-only plan (evaluation, generation) runs the forward steps, the head and the loss
-// reduction, holds no gradients, optimizer state or recompute buffers, keeps no activation past
-// its last forward reader (so every policy plans the same arena), and needs less memory than the
-// training step by at least the gradients and moments it drops.
+// reduction, holds no gradients, optimizer state or recompute buffers (and without float8 no f32
+// master), keeps no activation past its last forward reader (so every policy plans the same
+// arena), and needs less memory than the training step by at least the gradients and moments it
+// drops.
 TEST(StepPlan, ForwardOnlyPlanHoldsTheWeightsAndOneLayersActivations) {
   const ModelConfig model = eight_billion(4);
   size_t first_arena = 0;
@@ -204,7 +205,15 @@ TEST(StepPlan, ForwardOnlyPlanHoldsTheWeightsAndOneLayersActivations) {
       for (BufferClass kind : {BufferClass::gradients, BufferClass::optimizer_state, BufferClass::activation_gradients,
                                BufferClass::recompute})
         EXPECT_EQ(forward.bytes_of(kind), 0u) << buffer_class_name(kind);
-      EXPECT_EQ(forward.bytes_of(BufferClass::parameters), training.bytes_of(BufferClass::parameters));
+      // Without float8 linears the weights are held in bf16 alone (what the compute copy holds);
+      // float8 linears quantise theirs from the f32 master, as in training.
+      if (recipe == Float8Recipe::none) {
+        EXPECT_EQ(forward.bytes_of(BufferClass::parameters) * 2, training.bytes_of(BufferClass::parameters));
+        EXPECT_EQ(forward.bytes_of(BufferClass::compute_weights), 0u);
+        EXPECT_EQ(forward.buffers[static_cast<size_t>(forward.parameters)].dtype, DType::bf16);
+      } else {
+        EXPECT_EQ(forward.bytes_of(BufferClass::parameters), training.bytes_of(BufferClass::parameters));
+      }
       EXPECT_LE(forward.memory.arena_bytes + training.bytes_of(BufferClass::gradients) +
                     training.bytes_of(BufferClass::optimizer_state),
                 training.memory.arena_bytes);
