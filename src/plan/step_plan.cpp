@@ -317,9 +317,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   plan.parameters = b.buffer(master == master_dtype(compute) ? "parameters (master)"
                                                               : "parameters (" + std::string(dtype_name(master)) + ")",
                              master, flat, BufferClass::parameters, true);
-  if (!training) {
-    // (no gradients and no optimizer state)
-  } else if (low_precision_linear_grads(options)) {
+  if (training && low_precision_linear_grads(options)) {
     const bool output_too = plan.compute_copy_ranges.back().low_grad;  // the output projection is the last run
     plan.gradients = b.buffer(output_too ? "gradients (embedding, norms)" : "gradients (embedding, norms, output)",
                               master, Shape{gradient_elements(plan.compute_copy_ranges, false)}, BufferClass::gradients,
@@ -328,7 +326,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
                                                 : "gradients (block linears, bf16)",
                                      DType::bf16,
                                      Shape{gradient_elements(plan.compute_copy_ranges, true)}, BufferClass::gradients, true);
-  } else {
+  } else if (training) {
     plan.gradients = b.buffer("gradients", master, flat, BufferClass::gradients, true);
   }
   if (training) {
