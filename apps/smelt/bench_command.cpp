@@ -1,5 +1,6 @@
 // `smelt bench`: time a config's training step; with --matrix, run a grid of
 // configurations (one process per cell) and print them side by side.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "plan/plan_report.h"
 #include "train/benchmark.h"
 #include "train/metrics.h"
+#include "train/reference_runs.h"
 
 extern char** environ;
 
@@ -92,15 +94,34 @@ std::string table_row(const std::string& cell, const BenchResult* r, const std::
   if (r->sm_clock_mhz > 0) std::snprintf(clock, sizeof clock, "%.0f", r->sm_clock_mhz);
   if (r->power_watts > 0) std::snprintf(power, sizeof power, "%.0f", r->power_watts);
   if (r->joules_per_step > 0) std::snprintf(energy, sizeof energy, "%.1f", r->joules_per_step);
-  std::snprintf(line, sizeof line, "| %-52s | %10.0f | %7.1f | %5.1f%% | %8.1f | %9.2f | %9.2f | %6s | %4s | %6s |\n",
+  // The reference run beside it (--reference): its tokens/s, ours over it, its peak memory.
+  char reference[16] = "-", ratio[16] = "-", reference_gb[16] = "-";
+  if (r->has_reference()) {
+    std::snprintf(reference, sizeof reference, "%.0f", r->reference.tokens_per_second);
+    std::snprintf(ratio, sizeof ratio, "%.2f", r->tokens_per_second / r->reference.tokens_per_second);
+    if (r->reference.peak_gb > 0) std::snprintf(reference_gb, sizeof reference_gb, "%.1f", r->reference.peak_gb);
+  }
+  std::snprintf(line, sizeof line,
+                "| %-52s | %10.0f | %7.1f | %5.1f%% | %8.1f | %9.2f | %9.2f | %6s | %4s | %6s | %9s | %5s | %6s |\n",
                 cell.c_str(), r->tokens_per_second, r->tflops, r->mfu_percent, r->step_ms, r->predicted_bytes / 1e9,
-                r->measured_bytes / 1e9, clock, power, energy);
+                r->measured_bytes / 1e9, clock, power, energy, reference, ratio, reference_gb);
   return line;
 }
 
 const char* kTableHeader =
-    "| configuration                                        | tokens/s   | TFLOPS  | MFU    | step ms  | plan GB   | driver GB | SM MHz | W    | J/step |\n"
-    "|------------------------------------------------------|-----------:|--------:|-------:|---------:|----------:|----------:|-------:|-----:|-------:|\n";
+    "| configuration                                        | tokens/s   | TFLOPS  | MFU    | step ms  | plan GB   | driver GB | SM MHz | W    | J/step | reference | ratio | ref GB |\n"
+    "|------------------------------------------------------|-----------:|--------:|-------:|---------:|----------:|----------:|-------:|-----:|-------:|----------:|------:|-------:|\n";
+
+// Below the table: what the reference column's runs were (each distinct source once).
+std::string reference_notes(const std::vector<BenchResult>& results) {
+  std::vector<std::string> sources;
+  for (const auto& r : results)
+    if (r.has_reference() && std::find(sources.begin(), sources.end(), r.reference.source) == sources.end())
+      sources.push_back(r.reference.source);
+  std::string notes;
+  for (const auto& source : sources) notes += "reference: " + source + "; ratio = tokens/s over the reference's\n";
+  return notes;
+}
 
 }  // namespace
 
@@ -110,6 +131,7 @@ int run_bench(const JobConfig& config, const BenchCommandOptions& options, const
   bench.warmup = options.warmup;
   bench.trace_path = options.trace;
   bench.calibrate_path = options.calibrate;
+  bench.reference_path = options.reference;
   if (!options.calibrate.empty() && options.trace.empty())
     fail(ErrorKind::config, "--calibrate needs --trace: the per-op times come from the traced steps");
   if (!options.trace.empty() && !options.matrix.empty())
@@ -129,12 +151,13 @@ int run_bench(const JobConfig& config, const BenchCommandOptions& options, const
     BenchResult r = run_benchmark(config, bench, out);
     if (!bench.report) return 0;
     write_file_atomically(output, bench_to_json(r).dump(2) + "\n");
-    std::cout << "\n" << kTableHeader << table_row(r.label, &r, "") << "results: " << output << "\n";
+    std::cout << "\n" << kTableHeader << table_row(r.label, &r, "") << reference_notes({r}) << "results: " << output << "\n";
     return 0;
   }
 
   // Grid: the cartesian product of the axes, each cell in its own process.
   std::vector<Axis> axes = parse_matrix(options.matrix);
+  if (!options.reference.empty() && options.reference != "none") load_reference_table(options.reference);  // fails before any cell
   for (const auto& axis : axes)
     for (const auto& value : axis.values) overrides_for(axis.name, value);  // validate before running anything
   std::vector<std::vector<size_t>> cells{{}};
@@ -152,6 +175,7 @@ int run_bench(const JobConfig& config, const BenchCommandOptions& options, const
   const std::string scratch = output + ".cells";
   if (bench.report) std::filesystem::create_directories(scratch);
   std::string table = kTableHeader;
+  std::vector<BenchResult> results;
   nlohmann::json all = nlohmann::json::array();
   for (size_t index = 0; index < cells.size(); ++index) {
     std::vector<std::string> args = {self, "bench"};
@@ -166,6 +190,7 @@ int run_bench(const JobConfig& config, const BenchCommandOptions& options, const
     const std::string cell_file = scratch + "/cell" + std::to_string(index) + ".json";
     if (bench.report) std::filesystem::remove(cell_file);
     args.insert(args.end(), {"--steps", std::to_string(bench.steps), "--warmup", std::to_string(bench.warmup), "--output", cell_file});
+    if (!options.reference.empty()) args.insert(args.end(), {"--reference", options.reference});
     out << "\n=== cell " << index + 1 << "/" << cells.size() << ": " << name << "\n" << std::flush;
     const int code = run_child(args);
     if (!bench.report) continue;  // the cell's child on this rank joined rank 0's
@@ -176,6 +201,7 @@ int run_bench(const JobConfig& config, const BenchCommandOptions& options, const
       j["cell"] = name;
       all.push_back(j);
       table += table_row(name, &r, "");
+      results.push_back(r);
     } else {
       all.push_back({{"cell", name}, {"error", code}});
       table += table_row(name, nullptr, "failed (exit code " + std::to_string(code) + ", see its output above)");
@@ -184,7 +210,7 @@ int run_bench(const JobConfig& config, const BenchCommandOptions& options, const
   if (!bench.report) return 0;
   write_file_atomically(output, all.dump(2) + "\n");
   std::filesystem::remove_all(scratch);
-  std::cout << "\n" << table << "results: " << output << "\n";
+  std::cout << "\n" << table << reference_notes(results) << "results: " << output << "\n";
   return 0;
 }
 

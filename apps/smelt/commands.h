@@ -25,6 +25,7 @@ struct BenchCommandOptions {
   std::string output;  // JSON results; default <dump_folder>/bench.json
   std::string trace;   // Chrome trace file (single configuration)
   std::string calibrate;  // op timing cache to merge the traced per-op times into
+  std::string reference;  // reference runs to compare with: "" built in, "none" off, else a TOML file
 };
 int run_bench(const JobConfig& config, const BenchCommandOptions& options, const ConfigOptions& config_options);
 

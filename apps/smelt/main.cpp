@@ -44,6 +44,10 @@ int main(int argc, char** argv) {
                             "With --trace: merge the measured per-op times into this op timing cache (JSON), which "
                             "activation_checkpoint.op_timings and `smelt plan --op-timings` read");
   bench_command->add_option("--output", bench_options.output, "JSON results file (default <dump_folder>/bench.json)");
+  bench_command->add_option("--reference", bench_options.reference,
+                            "Reference runs to set beside each result, matched by GPU, model, batch, precision and "
+                            "policy: a TOML file like configs/reference/pytorch_h200.toml (built in, the default), "
+                            "or none");
 
   ConfigOptions eval_config;
   EvalCommandOptions eval_options;

@@ -160,6 +160,12 @@ std::string CudaBackend::pci_bus_id() const {
   return id;
 }
 
+std::string CudaBackend::device_model() const {
+  cudaDeviceProp properties{};
+  if (cudaGetDeviceProperties(&properties, state_->device) != cudaSuccess) return "cuda";
+  return properties.name;
+}
+
 CudaBackend::~CudaBackend() {
   auto& context = state_->context;
   if (context.stream) cudaStreamSynchronize(context.stream);

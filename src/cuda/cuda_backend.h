@@ -59,6 +59,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   Device device() const override { return Device::cuda; }
   std::string pci_bus_id() const override;
+  std::string device_model() const override;
   MemoryResource& memory() override;
   // The backend's stream as a cudaStream_t (for CUDA events and graph capture by callers).
   void* stream() const;

@@ -33,6 +33,8 @@ class Backend {
   virtual MemoryResource& memory() = 0;
   // The GPU's PCI bus id ("0000:18:00.0"), to find it in NVML; empty on the CPU.
   virtual std::string pci_bus_id() const { return {}; }
+  // What the device is, as its driver names it ("NVIDIA H200"); the backend's name on the CPU.
+  virtual std::string device_model() const { return name(); }
 
   virtual size_t workspace_bytes(const WorkspaceShape& shape) const = 0;
   virtual void set_workspace(TensorView workspace) = 0;

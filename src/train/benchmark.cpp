@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "train/device_monitor.h"
 #include "train/executor.h"
 #include "train/metrics.h"
+#include "train/reference_runs.h"
 #include "train/run_setup.h"
 #include "train/trace.h"
 #include "train/trainer_ranks.h"
@@ -62,6 +64,33 @@ std::string precision_name(const JobConfig& c) {
   return std::string(dtype_name(parse_dtype(c.training.mixed_precision_param)));
 }
 
+std::optional<ReferenceTable> reference_table(const std::string& path) {
+  if (path == "none") return std::nullopt;
+  return path.empty() ? builtin_reference_table() : load_reference_table(path);
+}
+
+// What the benchmarked step is, in the reference runs' terms.
+ReferenceQuery reference_query(const JobConfig& config, const RunSetup& setup, const StepPlan& plan,
+                               const BenchResult& r, const Backend& backend, int world_size) {
+  ReferenceQuery q;
+  q.gpu_name = backend.device_model();
+  const ModelConfig& m = setup.model;
+  q.model = {m.flavor, m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_dim, m.vocab_size};
+  q.batch = r.batch;
+  q.seq_len = r.seq_len;
+  q.precision = r.precision;
+  q.activation_checkpoint = r.policy;
+  q.fusion = config.float8.fusion;
+  for (const auto& layer : plan.layers)
+    for (int w = 0; w < kLayerWeightCount; ++w) {
+      const auto weight = static_cast<LayerWeight>(w);
+      if (weight != LayerWeight::attn_norm && weight != LayerWeight::ffn_norm && !layer.float8[size_t(w)])
+        q.all_block_linears_in_float8 = false;
+    }
+  q.single_device_step = world_size == 1 && !plan.data_parallel() && plan.options.microbatches == 1;
+  return q;
+}
+
 }  // namespace
 
 BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, std::ostream& log) {
@@ -78,8 +107,11 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   const int64_t microbatches = setup.plan_options.microbatches;
   const double tokens_per_step = static_cast<double>(shape.tokens() * microbatches);
 
+  const std::optional<ReferenceTable> references = reference_table(options.reference_path);  // a bad file fails first
+
   BenchResult r;
   r.device = config.job.device;
+  r.gpu_name = backend->device_model();
   r.precision = precision_name(config);
   r.policy = plan.options.policy.str();
   r.batch = shape.batch;
@@ -200,6 +232,17 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   r.tokens_per_second = r.step_ms > 0 ? tokens_per_step / (r.step_ms / 1e3) : 0;
   r.tflops = r.tokens_per_second * setup.model.training_flops_per_token(shape.seq_len) / 1e12;
   r.mfu_percent = 100.0 * r.tflops / kHopperPeakTflops;
+  if (references) {
+    const std::optional<ReferenceRun> match =
+        find_reference(*references, reference_query(config, setup, plan, r, *backend, ranks.world_size));
+    if (match) {
+      r.reference = {references->source, match->compile, match->place, match->tokens_per_second, match->peak_gb};
+      if (options.report) log << describe_reference(r) << "\n";
+    } else if (options.report) {
+      log << "reference: none of the " << references->runs.size() << " runs of " << references->path << " ("
+          << references->gpu << ") describes this step on " << r.gpu_name << "\n";
+    }
+  }
   if (options.report && r.step_ms > 0 && r.predicted_step_ms > 0) {
     char line[256];
     std::snprintf(line, sizeof line, "%.1f ms per step predicted, %.1f measured (median; measured / predicted %.3f)",
@@ -239,7 +282,36 @@ nlohmann::json bench_to_json(const BenchResult& r) {
           {"power_capped", r.power_capped},
           {"temperature_c", r.temperature_c},
           {"joules_per_step", r.joules_per_step},
-          {"tokens_per_joule", r.tokens_per_joule}};
+          {"tokens_per_joule", r.tokens_per_joule},
+          {"gpu_name", r.gpu_name},
+          {"reference", r.has_reference() ? nlohmann::json{{"source", r.reference.source},
+                                                          {"compile", r.reference.compile},
+                                                          {"entry", r.reference.place},
+                                                          {"tokens_per_second", r.reference.tokens_per_second},
+                                                          {"peak_gb", r.reference.peak_gb},
+                                                          {"speedup", r.tokens_per_second / r.reference.tokens_per_second}}
+                                          : nlohmann::json(nullptr)}};
+}
+
+std::string describe_reference(const BenchResult& r) {
+  if (!r.has_reference()) return "reference: none";
+  char line[512];
+  std::snprintf(line, sizeof line, "reference: %s (compile %s; %s): %.0f tokens/s", r.reference.source.c_str(),
+                r.reference.compile.empty() ? "-" : r.reference.compile.c_str(), r.reference.place.c_str(),
+                r.reference.tokens_per_second);
+  std::string text = line;
+  if (r.reference.peak_gb > 0) {
+    std::snprintf(line, sizeof line, " at %.1f GB peak", r.reference.peak_gb);
+    text += line;
+  }
+  std::snprintf(line, sizeof line, "; smelt %.2fx its tokens/s", r.tokens_per_second / r.reference.tokens_per_second);
+  text += line;
+  if (r.reference.peak_gb > 0 && r.measured_bytes > 0) {
+    const double difference = r.reference.peak_gb - static_cast<double>(r.measured_bytes) / 1e9;
+    std::snprintf(line, sizeof line, ", %.1f GB %s memory", std::abs(difference), difference >= 0 ? "less" : "more");
+    text += line;
+  }
+  return text;
 }
 
 BenchResult bench_from_json(const nlohmann::json& j) {
@@ -270,6 +342,12 @@ BenchResult bench_from_json(const nlohmann::json& j) {
   r.temperature_c = j.value("temperature_c", 0.0);
   r.joules_per_step = j.value("joules_per_step", 0.0);
   r.tokens_per_joule = j.value("tokens_per_joule", 0.0);
+  r.gpu_name = j.value("gpu_name", "");
+  if (j.contains("reference") && j["reference"].is_object()) {
+    const auto& ref = j["reference"];
+    r.reference = {ref.value("source", ""), ref.value("compile", ""), ref.value("entry", ""),
+                   ref.value("tokens_per_second", 0.0), ref.value("peak_gb", 0.0)};
+  }
   return r;
 }
 

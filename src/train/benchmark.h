@@ -16,6 +16,9 @@ struct BenchOptions {
   int64_t warmup = 3;   // untimed steps first
   std::string trace_path;  // Chrome trace of the last timed step; also prints where the time goes
   std::string calibrate_path;  // with a trace: op timing cache (JSON) the per-op means are merged into
+  // The reference runs the result is set beside: "" the built-in table
+  // (configs/reference/pytorch_h200.toml), "none" no comparison, else a TOML file of that form.
+  std::string reference_path;
   // False on every rank but 0 of a launch of several: the same steps are run and timed (traced
   // too, so every rank's schedule is the same), but nothing is written.
   bool report = true;
@@ -24,6 +27,7 @@ struct BenchOptions {
 struct BenchResult {
   std::string label;              // "llama3_8b x8 bf16 selective-op b1 s8192"
   std::string device;
+  std::string gpu_name;           // the device as its driver names it ("NVIDIA H200"; "cpu")
   std::string precision;          // "bf16", "f32", "fp8-tensorwise"
   std::string policy;
   int64_t batch = 0, seq_len = 0, layers = 0;
@@ -44,10 +48,20 @@ struct BenchResult {
   // cap, tokens per joule is what an optimisation has to raise.
   double joules_per_step = 0;
   double tokens_per_joule = 0;
+  // The reference run that describes the same step on this GPU (reference_runs.h); zero
+  // tokens/s when none does.
+  struct Reference {
+    std::string source, compile, place;  // what it was, how it ran, its entry's "file:line"
+    double tokens_per_second = 0;
+    double peak_gb = 0;  // 0: not recorded
+  } reference;
+  bool has_reference() const { return reference.tokens_per_second > 0; }
 };
 
 BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, std::ostream& log);
 nlohmann::json bench_to_json(const BenchResult& result);
 BenchResult bench_from_json(const nlohmann::json& json);
+// One line: the reference run, its tokens/s and peak, and smelt's ratio and memory beside them.
+std::string describe_reference(const BenchResult& result);
 
 }  // namespace smelt

@@ -93,6 +93,10 @@ int64_t gradient_accumulation_steps(const JobConfig& config, int64_t data_parall
   return steps;
 }
 
+std::string gpu_kind(const std::string& device_model) {
+  return device_model.find("H100") != std::string::npos ? "h100" : "h200";
+}
+
 RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_tokenizer, const PlanTarget& target) {
   validate_config(config);
   RunSetup setup;
@@ -136,7 +140,9 @@ RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_
 
   // The device, its memory and the budget; the cost model.
   const bool cuda = config.job.device == "cuda";
-  setup.ceilings = cuda ? ceilings_by_name(target.gpu) : cpu_ceilings();
+  // A run on a GPU (train, bench) describes the GPU it has: an H100's ceilings and memory on an H100.
+  const std::string gpu = cuda && backend && backend->device() == Device::cuda ? gpu_kind(backend->device_model()) : target.gpu;
+  setup.ceilings = cuda ? ceilings_by_name(gpu) : cpu_ceilings();
   setup.ceilings.memory_bytes = target.device_memory_bytes > 0 ? target.device_memory_bytes
                                 : cuda                          ? setup.ceilings.memory_bytes
                                                                 : machine_memory_bytes();

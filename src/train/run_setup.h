@@ -50,6 +50,9 @@ int64_t gradient_accumulation_steps(const JobConfig& config, int64_t data_parall
 // with the breakdown and the smallest change that fits); so is an explicit budget for fixed policies.
 // plan_options carry the [parallelism] layout: a sharded plan is per rank, and its executor needs
 // a communicator of data_parallel_shard_degree ranks (the trainer makes one from the environment).
+// The cost model's name for a GPU the driver calls `device_model`: "h100" for an H100, else "h200".
+std::string gpu_kind(const std::string& device_model);
+
 RunSetup prepare_run(const JobConfig& config, const Backend* backend, bool need_tokenizer = true,
                      const PlanTarget& target = {});
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/run_command.h"
+#include "support/fresh_random.h"
 #include "support/temporary_folder.h"
 
 namespace {
@@ -273,4 +274,59 @@ TEST(Cli, BenchCalibrationFeedsThePlannersCostModel) {
   Outcome bad = run_smelt("plan" + model + " --activation_checkpoint.op_timings=" + (folder / "trace.json").string());
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("op timing cache"), std::string::npos) << bad.output;
+}
+
+// The reference column: a run of the table that describes the benchmarked step (here a CPU table
+// of the test's own) is set beside it with the ratio of the measured tokens/s; a matrix cell it
+// does not describe gets none; a bad table stops the bench before it runs, writing nothing.
+TEST(Cli, BenchSetsTheMatchingReferenceRunBesideItsResult) {
+  const smelt::testing_support::TemporaryFolder temporary;
+  smelt::testing_support::FreshRandom random;
+  const std::string model = " --config " + config("debug.toml") +
+                            " --model.tokenizer_path=byte --model.n_layers=2 --training.seq_len=64";
+  const auto plan = run_json("plan" + model + " --format json");
+  ASSERT_FALSE(plan.is_null());
+  const auto& m = plan["model"];
+  const double reference_speed = random.uniform(100, 100000), reference_gb = random.uniform(0.1, 50);
+  std::string table = "source = \"a test engine\"\ngpu = \"cpu\"\n[models.tiny]\n";
+  for (const char* key : {"dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size"})
+    table += std::string(key) + " = " + std::to_string(m[key].get<int64_t>()) + "\n";
+  table += "[[runs]]\nmodel = \"tiny\"\nbatch = " + std::to_string(plan["batch_size"].get<int64_t>()) +
+           "\nseq_len = 64\nprecision = \"bf16\"\nactivation_checkpoint = \"none\"\ntokens_per_second = " +
+           std::to_string(reference_speed) + "\npeak_gb = " + std::to_string(reference_gb) + "\n";
+  const std::string file = temporary.write("reference.toml", table);
+
+  const std::string output = temporary.path("bench.json");
+  Outcome matrix = run_smelt("bench" + model + " --training.mixed_precision_param=bfloat16 --steps 1 --warmup 0"
+                             " --matrix ac=none,full --reference " + file + " --output " + output);
+  ASSERT_EQ(matrix.exit_code, 0) << matrix.output;
+  EXPECT_NE(matrix.output.find("reference: a test engine"), std::string::npos) << matrix.output;
+  const auto cells = nlohmann::json::parse(std::ifstream(output));
+  ASSERT_EQ(cells.size(), 2u);
+  const auto& matched = cells[0]["reference"];
+  ASSERT_TRUE(matched.is_object()) << cells.dump(2);
+  EXPECT_NEAR(matched["tokens_per_second"].get<double>(), reference_speed, 1e-6 * reference_speed);
+  EXPECT_NEAR(matched["peak_gb"].get<double>(), reference_gb, 1e-6 * reference_gb);
+  EXPECT_NEAR(matched["speedup"].get<double>(), cells[0]["tokens_per_second"].get<double>() / reference_speed, 1e-9);
+  EXPECT_NE(matched["entry"].get<std::string>().find("reference.toml:"), std::string::npos);
+  EXPECT_TRUE(cells[1]["reference"].is_null()) << "full checkpointing is not the reference's step";
+  EXPECT_EQ(cells[0]["gpu_name"], "cpu");
+
+  fs::remove(output);
+  Outcome off = run_smelt("bench" + model + " --training.mixed_precision_param=bfloat16 --steps 1 --warmup 0"
+                          " --reference none --output " + output);
+  ASSERT_EQ(off.exit_code, 0) << off.output;
+  EXPECT_TRUE(nlohmann::json::parse(std::ifstream(output))["reference"].is_null());
+
+  fs::remove(output);
+  const std::string bad = temporary.write("bad.toml", table + "speed = 3\n");
+  for (const std::string& matrix_axis : {std::string(), std::string(" --matrix ac=none,full")}) {
+    Outcome refused = run_smelt("bench" + model + " --steps 1 --warmup 0 --reference " + bad + " --output " + output +
+                                matrix_axis);
+    EXPECT_EQ(refused.exit_code, 2) << refused.output;
+    EXPECT_NE(refused.output.find("bad.toml:"), std::string::npos) << refused.output;
+    EXPECT_NE(refused.output.find("unknown key 'speed'"), std::string::npos) << refused.output;
+    EXPECT_EQ(refused.output.find("step 1"), std::string::npos) << "the bench ran:\n" << refused.output;
+    EXPECT_FALSE(fs::exists(output));
+  }
 }

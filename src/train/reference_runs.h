@@ -1,0 +1,59 @@
+// Reference runs: another engine's measured tokens/s and peak memory for a model, batch, precision
+// and checkpointing policy on a GPU (configs/reference/pytorch_h200.toml, built in), and the one a
+// benchmark's configuration compares with.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace smelt {
+
+// The shapes a reference run's model had (what ModelConfig calls them).
+struct ReferenceModel {
+  std::string name;
+  int64_t dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, ffn_dim = 0, vocab_size = 0;
+};
+
+struct ReferenceRun {
+  ReferenceModel model;
+  int64_t batch = 0, seq_len = 0;
+  std::string precision;              // "bf16", "fp8-tensorwise", ... (smelt bench's precision names)
+  std::string activation_checkpoint;  // a checkpoint policy as smelt writes it: "none", "selective-op", ...
+  std::string fusion;                 // float8 runs: "full" or "linear", the smelt fusion it compares with
+  std::string compile;                // how the reference ran (a label)
+  double tokens_per_second = 0;
+  double peak_gb = 0;                 // 0: not recorded
+  std::string place;                  // "file:line" of its [[runs]] entry
+};
+
+struct ReferenceTable {
+  std::string source;  // what the runs were ("PyTorch 2.11 + torch.compile ...")
+  std::string gpu;     // the runs' GPU: a device whose name contains it (case-insensitively) matches
+  std::string path;    // where the table came from ("built in" or a file)
+  std::vector<ReferenceRun> runs;
+};
+
+// A table from TOML text (`path` names it in errors); every error is a config error naming the
+// file, line and key.
+ReferenceTable parse_reference_table(const std::string& text, const std::string& path);
+ReferenceTable load_reference_table(const std::string& path);
+// configs/reference/pytorch_h200.toml, compiled into smelt.
+ReferenceTable builtin_reference_table();
+
+// What a benchmarked configuration is, as the reference runs describe theirs.
+struct ReferenceQuery {
+  std::string gpu_name;  // the device's name ("NVIDIA H200"; "cpu" on the CPU backend)
+  ReferenceModel model;
+  int64_t batch = 0, seq_len = 0;
+  std::string precision, activation_checkpoint, fusion;
+  // Float8 runs: every block linear in float8 (as the reference runs converted them; the output
+  // projection stays bf16 in both). False when float8.filter_fqns keeps some in bf16.
+  bool all_block_linears_in_float8 = true;
+  bool single_device_step = true;  // one GPU, one pass per step (no data parallelism, no accumulation)
+};
+
+// The fastest run that describes the same step as `query`, or nullopt.
+std::optional<ReferenceRun> find_reference(const ReferenceTable& table, const ReferenceQuery& query);
+
+}  // namespace smelt

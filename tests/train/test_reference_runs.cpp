@@ -1,0 +1,184 @@
+// Reference runs: the built-in table reads, every run is found from its own description and no
+// other description finds it, and a bad table is an error naming its file, line and key.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "support/fresh_random.h"
+#include "train/reference_runs.h"
+
+namespace smelt {
+namespace {
+
+ReferenceQuery query_for(const ReferenceRun& run, const std::string& gpu_name) {
+  ReferenceQuery q;
+  q.gpu_name = gpu_name;
+  q.model = run.model;
+  q.batch = run.batch;
+  q.seq_len = run.seq_len;
+  q.precision = run.precision;
+  q.activation_checkpoint = run.activation_checkpoint;
+  q.fusion = run.fusion.empty() ? "full" : run.fusion;
+  return q;
+}
+
+// True when `run` describes the step `q` asks about (what find_reference promises of its answer).
+bool describes(const ReferenceRun& run, const ReferenceQuery& q) {
+  const ReferenceModel& a = run.model;
+  const ReferenceModel& b = q.model;
+  return q.gpu_name.find("H200") != std::string::npos && a.dim == b.dim && a.n_layers == b.n_layers && a.n_heads == b.n_heads && a.n_kv_heads == b.n_kv_heads &&
+         a.ffn_dim == b.ffn_dim && a.vocab_size == b.vocab_size && run.batch == q.batch && run.seq_len == q.seq_len &&
+         run.precision == q.precision && run.activation_checkpoint == q.activation_checkpoint &&
+         (run.fusion.empty() || run.fusion == q.fusion) && q.single_device_step &&
+         (q.precision.rfind("fp8-", 0) != 0 || q.all_block_linears_in_float8);
+}
+
+TEST(ReferenceRuns, TheBuiltInTableHasTheProxyAndOneBillionRuns) {
+  const ReferenceTable table = builtin_reference_table();
+  EXPECT_EQ(table.gpu, "H200");
+  EXPECT_FALSE(table.source.empty());
+  ASSERT_GE(table.runs.size(), 14u);
+  for (const auto& run : table.runs) {
+    EXPECT_GT(run.tokens_per_second, 1000) << run.place;
+    EXPECT_TRUE(run.model.name == "llama3_8b_proxy" || run.model.name == "llama3_1b") << run.place;
+    EXPECT_NE(run.place.find("pytorch_h200.toml"), std::string::npos) << run.place;
+  }
+}
+
+TEST(ReferenceRuns, EachRunIsFoundFromItsOwnDescriptionAsTheFastestThatMatches) {
+  const ReferenceTable table = builtin_reference_table();
+  for (const auto& run : table.runs) {
+    const auto found = find_reference(table, query_for(run, "NVIDIA H200"));
+    ASSERT_TRUE(found) << run.place;
+    EXPECT_TRUE(describes(*found, query_for(run, "NVIDIA H200"))) << run.place << " found " << found->place;
+    EXPECT_GE(found->tokens_per_second, run.tokens_per_second) << run.place;
+    // The fastest of those that match (bf16 eager and compiled describe one step: compiled wins).
+    for (const auto& other : table.runs)
+      if (describes(other, query_for(run, "NVIDIA H200"))) {
+        EXPECT_GE(found->tokens_per_second, other.tokens_per_second);
+      }
+  }
+  // The proxy's bf16 step without checkpointing: PyTorch compiled, not eager.
+  ReferenceQuery proxy = query_for(table.runs.front(), "NVIDIA H200");
+  proxy.precision = "bf16";
+  proxy.activation_checkpoint = "none";
+  ASSERT_TRUE(find_reference(table, proxy));
+  EXPECT_EQ(find_reference(table, proxy)->compile, "full (per block)");
+}
+
+TEST(ReferenceRuns, AnyOtherStepFindsOnlyARunThatDescribesIt) {
+  testing_support::FreshRandom random;
+  const ReferenceTable table = builtin_reference_table();
+  int unmatched = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const ReferenceRun& run = table.runs[random.below(table.runs.size())];
+    ReferenceQuery q = query_for(run, "NVIDIA H200");
+    const int64_t step = int64_t(random.below(3)) + 1;
+    switch (random.below(13)) {
+      case 0: q.gpu_name = random.below(2) ? "NVIDIA H100 80GB HBM3" : "cpu"; break;
+      case 1: q.model.dim += 256 * step; break;
+      case 2: q.model.n_layers += step; break;
+      case 3: q.model.n_heads = q.model.n_heads * 2; break;
+      case 4: q.model.n_kv_heads = q.model.n_kv_heads / 2; break;
+      case 5: q.model.ffn_dim -= 256 * step; break;
+      case 6: q.model.vocab_size = 32000; break;
+      case 7: q.batch += step; break;
+      case 8: q.seq_len = random.below(2) ? q.seq_len / 2 : q.seq_len * 2; break;
+      case 9: {
+        const char* precisions[] = {"bf16", "f32", "fp8-tensorwise", "fp8-rowwise", "fp8-blockwise"};
+        q.precision = precisions[random.below(5)];
+        break;
+      }
+      case 10: {
+        const char* policies[] = {"none", "full", "selective-op", "selective-layer:2"};
+        q.activation_checkpoint = policies[random.below(4)];
+        break;
+      }
+      case 11: q.fusion = q.fusion == "full" ? "linear" : "full"; break;
+      default:
+        if (random.below(2)) q.single_device_step = false;
+        else q.all_block_linears_in_float8 = false;
+    }
+    const auto found = find_reference(table, q);
+    if (!found) {
+      ++unmatched;
+      for (const auto& other : table.runs) EXPECT_FALSE(describes(other, q)) << other.place << " describes the step";
+      continue;
+    }
+    EXPECT_TRUE(describes(*found, q)) << "found " << found->place << " for a step it does not describe";
+  }
+  EXPECT_GT(unmatched, 100);  // most changes describe a step no reference ran
+}
+
+const char* kGoodTable = R"(source = "an engine"
+gpu = "H200"
+[models.small]
+dim = 256
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+ffn_dim = 768
+vocab_size = 258
+[[runs]]
+model = "small"
+batch = 2
+seq_len = 128
+precision = "fp8-tensorwise"
+activation_checkpoint = "selective-op"
+fusion = "linear"
+tokens_per_second = 1234.5
+)";
+
+// `table` with the line starting with `key` replaced by `line` ("" removes it).
+std::string with_line(const std::string& key, const std::string& line) {
+  std::string text = kGoodTable;
+  const size_t at = text.find("\n" + key) + 1;
+  const size_t end = text.find('\n', at);
+  return text.substr(0, at) + line + (line.empty() ? "" : "\n") + text.substr(end + 1);
+}
+
+void expect_error(const std::string& text, const std::vector<std::string>& expected) {
+  try {
+    parse_reference_table(text, "mine.toml");
+    ADD_FAILURE() << "no error for:\n" << text;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::config);
+    for (const auto& part : expected) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "'" << part << "' not in: " << e.what();
+  }
+}
+
+TEST(ReferenceRuns, AGoodTableReadsAsWritten) {
+  const ReferenceTable table = parse_reference_table(kGoodTable, "mine.toml");
+  ASSERT_EQ(table.runs.size(), 1u);
+  const ReferenceRun& run = table.runs[0];
+  EXPECT_EQ(run.model.dim, 256);
+  EXPECT_EQ(run.model.n_kv_heads, 2);
+  EXPECT_EQ(run.batch, 2);
+  EXPECT_EQ(run.fusion, "linear");
+  EXPECT_DOUBLE_EQ(run.tokens_per_second, 1234.5);
+  EXPECT_EQ(run.peak_gb, 0);
+  EXPECT_EQ(run.place, "mine.toml:10:1");
+}
+
+TEST(ReferenceRuns, ABadTableNamesItsFileLineAndKey) {
+  expect_error(with_line("batch", "batch = 0"), {"mine.toml:12:", "'batch' must be a positive integer"});
+  expect_error(with_line("batch", "batches = 2"), {"mine.toml:12:", "unknown key 'batches'", "batch"});
+  expect_error(with_line("seq_len", ""), {"mine.toml:10:", "no 'seq_len'"});
+  expect_error(with_line("model", "model = \"large\""), {"mine.toml:11:", "'large'", "small"});
+  expect_error(with_line("precision", "precision = \"fp16\""), {"mine.toml:14:", "fp16"});
+  expect_error(with_line("precision", "precision = \"fp8-columnwise\""), {"mine.toml:14:", "columnwise"});
+  expect_error(with_line("activation_checkpoint", "activation_checkpoint = \"auto\""), {"mine.toml:15:", "auto"});
+  expect_error(with_line("activation_checkpoint", "activation_checkpoint = \"some\""), {"mine.toml:15:", "some"});
+  expect_error(with_line("fusion", "fusion = \"partial\""), {"mine.toml:16:", "partial"});
+  expect_error(with_line("precision", "precision = \"bf16\""), {"mine.toml:16:", "'fusion' applies to float8 runs"});
+  expect_error(with_line("tokens_per_second", "tokens_per_second = \"fast\""), {"mine.toml:17:", "tokens_per_second"});
+  expect_error(with_line("n_heads", "n_heads = -4"), {"mine.toml:6:", "n_heads"});
+  expect_error(with_line("gpu", "gpu = \"\""), {"mine.toml:2:", "'gpu' is empty"});
+  expect_error(with_line("gpu", "device = \"H200\""), {"mine.toml:2:", "unknown key 'device'"});
+  expect_error(std::string(kGoodTable) + "[oops\n", {"mine.toml:18:", "TOML syntax error"});
+}
+
+}  // namespace
+}  // namespace smelt
