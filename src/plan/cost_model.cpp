@@ -30,11 +30,8 @@ DeviceCeilings h100_ceilings() {
   DeviceCeilings c;
   c.gpu_name = "NVIDIA H100 80GB HBM3";
   c.memory_bytes = 80e9;
-  c.gemm_flops = 650e12;
-  c.float8_gemm_flops = 1250e12;
-  // Unmeasured: the H200's attention rates scaled by the GEMM ceilings' ratio.
-  c.attention_forward_flops = 488e12, c.attention_forward_flops_d64 = 334e12;
-  c.attention_backward_flops = 375e12, c.attention_backward_flops_d64 = 281e12;
+  // The H200's chip under the same 700 W cap: its GEMM and attention rates (measured alike on
+  // both, docs/benchmarks.md, seventeenth round); less memory bandwidth (3.35 TB/s against 4.8).
   c.elementwise_bytes_per_second = 2.6e12;
   c.streaming_bytes_per_second = 3.0e12;
   return c;
