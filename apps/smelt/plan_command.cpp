@@ -2,6 +2,7 @@
 // device for a config, every checkpointing policy side by side (auto included) with the largest
 // batch each fits, the loss chunks, and the memory timeline, on any machine (nothing is allocated).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
@@ -15,6 +16,7 @@
 #include "plan/plan_report.h"
 #include "train/batch_headroom.h"
 #include "train/evaluate.h"
+#include "train/reference_runs.h"
 #include "train/run_setup.h"
 
 namespace smelt {
@@ -144,6 +146,9 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
   size_t evaluation_arena = 0;
   if (!plan.data_parallel())
     evaluation_arena = build_step_plan(setup.model, evaluation_plan_options(setup.plan_options)).memory.arena_bytes;
+  // PyTorch's run of the same step on this GPU, where the built-in table has one (smelt bench's column).
+  const std::optional<ReferenceRun> reference = find_reference(
+      builtin_reference_table(), reference_query(adjusted, setup.model, plan, setup.ceilings.gpu_name, 1));
   const bool fits = static_cast<double>(plan.memory.arena_bytes) <= budget;
   std::vector<std::string> changes;
   if (!fits) changes = changes_that_fit(setup.model, setup.plan_options, budget, cost);
@@ -195,6 +200,12 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
     j["margin_bytes"] = budget - static_cast<double>(plan.memory.arena_bytes);
     j["changes_that_fit"] = changes;
     j["evaluation_arena_bytes"] = evaluation_arena > 0 ? nlohmann::json(evaluation_arena) : nlohmann::json();
+    j["reference"] = reference ? nlohmann::json{{"entry", reference->place},
+                                                {"compile", reference->compile},
+                                                {"tokens_per_second", reference->tokens_per_second},
+                                                {"peak_gb", reference->peak_gb},
+                                                {"predicted_speedup", time.tokens_per_second / reference->tokens_per_second}}
+                               : nlohmann::json();
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -212,6 +223,16 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
   if (evaluation_arena > 0)
     std::cout << "eval:      " << format_bytes(evaluation_arena)
               << " for smelt eval of these weights and batches (forward only: no gradients or optimizer state)\n";
+  if (reference) {
+    std::snprintf(line, sizeof line,
+                  "reference: PyTorch on this GPU (compile %s; %s): %.0f tokens/s at %.1f GB peak; predicted %.2fx its "
+                  "tokens/s, %.1f GB %s memory\n",
+                  reference->compile.c_str(), reference->place.c_str(), reference->tokens_per_second, reference->peak_gb,
+                  time.tokens_per_second / reference->tokens_per_second,
+                  std::abs(reference->peak_gb - static_cast<double>(plan.memory.arena_bytes) / 1e9),
+                  reference->peak_gb * 1e9 >= static_cast<double>(plan.memory.arena_bytes) ? "less" : "more");
+    std::cout << line;
+  }
 
   std::cout << "\ncheckpointing policies (same model, batch, dtype and layout; times from the cost model):\n"
                "  policy              arena        act.+recompute  recompute FLOPs  step s    tokens/s/GPU  fits (margin GB)\n";

@@ -59,36 +59,10 @@ void merge_calibration(const std::string& path, const RunSetup& setup, const Ste
       << "' merged into " << path << " (" << cache.size() << " entries)\n";
 }
 
-std::string precision_name(const JobConfig& c) {
-  if (c.float8.recipe != "none") return "fp8-" + c.float8.recipe;
-  return std::string(dtype_name(parse_dtype(c.training.mixed_precision_param)));
-}
 
 std::optional<ReferenceTable> reference_table(const std::string& path) {
   if (path == "none") return std::nullopt;
   return path.empty() ? builtin_reference_table() : load_reference_table(path);
-}
-
-// What the benchmarked step is, in the reference runs' terms.
-ReferenceQuery reference_query(const JobConfig& config, const RunSetup& setup, const StepPlan& plan,
-                               const BenchResult& r, const Backend& backend, int world_size) {
-  ReferenceQuery q;
-  q.gpu_name = backend.device_model();
-  const ModelConfig& m = setup.model;
-  q.model = {m.flavor, m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_dim, m.vocab_size};
-  q.batch = r.batch;
-  q.seq_len = r.seq_len;
-  q.precision = r.precision;
-  q.activation_checkpoint = r.policy;
-  q.fusion = config.float8.fusion;
-  for (const auto& layer : plan.layers)
-    for (int w = 0; w < kLayerWeightCount; ++w) {
-      const auto weight = static_cast<LayerWeight>(w);
-      if (weight != LayerWeight::attn_norm && weight != LayerWeight::ffn_norm && !layer.float8[size_t(w)])
-        q.all_block_linears_in_float8 = false;
-    }
-  q.single_device_step = world_size == 1 && !plan.data_parallel() && plan.options.microbatches == 1;
-  return q;
 }
 
 }  // namespace
@@ -112,7 +86,7 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   BenchResult r;
   r.device = config.job.device;
   r.gpu_name = backend->device_model();
-  r.precision = precision_name(config);
+  r.precision = precision_label(config);
   r.policy = plan.options.policy.str();
   r.batch = shape.batch;
   r.seq_len = shape.seq_len;
@@ -234,7 +208,7 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   r.mfu_percent = 100.0 * r.tflops / kHopperPeakTflops;
   if (references) {
     const std::optional<ReferenceRun> match =
-        find_reference(*references, reference_query(config, setup, plan, r, *backend, ranks.world_size));
+        find_reference(*references, reference_query(config, setup.model, plan, r.gpu_name, ranks.world_size));
     if (match) {
       r.reference = {references->source, match->compile, match->place, match->tokens_per_second, match->peak_gb};
       if (options.report) log << describe_reference(r) << "\n";

@@ -194,6 +194,31 @@ ReferenceTable builtin_reference_table() {
   return parse_reference_table(builtin_reference_text(), "configs/reference/pytorch_h200.toml (built in)");
 }
 
+std::string precision_label(const JobConfig& config) {
+  if (config.float8.recipe != "none") return "fp8-" + config.float8.recipe;
+  return std::string(dtype_name(parse_dtype(config.training.mixed_precision_param)));
+}
+
+ReferenceQuery reference_query(const JobConfig& config, const ModelConfig& m, const StepPlan& plan,
+                               const std::string& gpu_name, int world_size) {
+  ReferenceQuery q;
+  q.gpu_name = gpu_name;
+  q.model = {m.flavor, m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_dim, m.vocab_size};
+  q.batch = plan.options.shape.batch;
+  q.seq_len = plan.options.shape.seq_len;
+  q.precision = precision_label(config);
+  q.activation_checkpoint = plan.options.policy.str();
+  q.fusion = config.float8.fusion;
+  for (const auto& layer : plan.layers)
+    for (int w = 0; w < kLayerWeightCount; ++w) {
+      const auto weight = static_cast<LayerWeight>(w);
+      if (weight != LayerWeight::attn_norm && weight != LayerWeight::ffn_norm && !layer.float8[size_t(w)])
+        q.all_block_linears_in_float8 = false;
+    }
+  q.single_device_step = world_size == 1 && !plan.data_parallel() && plan.options.microbatches == 1;
+  return q;
+}
+
 std::optional<ReferenceRun> find_reference(const ReferenceTable& table, const ReferenceQuery& query) {
   const bool float8 = query.precision.rfind("fp8-", 0) == 0;
   if (!query.single_device_step || (float8 && !query.all_block_linears_in_float8)) return std::nullopt;

@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
+#include "model/model_config.h"
+#include "plan/step_plan.h"
+
 namespace smelt {
 
 // The shapes a reference run's model had (what ModelConfig calls them).
@@ -52,6 +56,12 @@ struct ReferenceQuery {
   bool all_block_linears_in_float8 = true;
   bool single_device_step = true;  // one GPU, one pass per step (no data parallelism, no accumulation)
 };
+
+// "bf16", "f32" or "fp8-<recipe>": a config's precision as smelt bench and the tables name it.
+std::string precision_label(const JobConfig& config);
+// The step `plan` runs (from `config`, on `world_size` ranks of `gpu_name`), as a query.
+ReferenceQuery reference_query(const JobConfig& config, const ModelConfig& model, const StepPlan& plan,
+                               const std::string& gpu_name, int world_size);
 
 // The fastest run that describes the same step as `query`, or nullopt.
 std::optional<ReferenceRun> find_reference(const ReferenceTable& table, const ReferenceQuery& query);

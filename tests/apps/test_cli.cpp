@@ -330,3 +330,26 @@ TEST(Cli, BenchSetsTheMatchingReferenceRunBesideItsResult) {
     EXPECT_FALSE(fs::exists(output));
   }
 }
+
+// smelt plan names PyTorch's run of the same step on the GPU it plans for (the bench's reference
+// column, up front) with the predicted ratio; a GPU or fusion the table has no run of changes it.
+TEST(Cli, PlanSetsThePredictionBesidePyTorchsRunOfTheSameStep) {
+  const std::string proxy = "plan --config " + config("llama3_8b_proxy.toml") + " --format json --float8.recipe=tensorwise"
+                            " --activation_checkpoint.mode=selective-op";
+  const auto full = run_json(proxy);
+  const auto linear = run_json(proxy + " --float8.fusion=linear");
+  const auto h100 = run_json(proxy + " --gpu h100");
+  ASSERT_FALSE(full.is_null() || linear.is_null() || h100.is_null());
+  for (const auto* j : {&full, &linear}) {
+    const auto& reference = (*j)["reference"];
+    ASSERT_TRUE(reference.is_object()) << j->dump(2);
+    EXPECT_NE(reference["entry"].get<std::string>().find("pytorch_h200.toml"), std::string::npos);
+    EXPECT_NEAR(reference["predicted_speedup"].get<double>(),
+                (*j)["prediction"]["tokens_per_second"].get<double>() / reference["tokens_per_second"].get<double>(), 1e-9);
+    EXPECT_GT(reference["peak_gb"].get<double>(), 1.0);
+  }
+  EXPECT_EQ(full["reference"]["compile"], "full (per block)");
+  EXPECT_EQ(linear["reference"]["compile"], "linear layers only");
+  EXPECT_LT(linear["reference"]["tokens_per_second"].get<double>(), full["reference"]["tokens_per_second"].get<double>());
+  EXPECT_TRUE(h100["reference"].is_null()) << h100["reference"].dump();
+}
