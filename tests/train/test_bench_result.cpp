@@ -1,5 +1,6 @@
 // The benchmark's JSON (bench.json, and what a matrix cell hands back to its parent): every
-// field a result carries comes back from it as written, the GPU's clock, power and energy included.
+// field a result carries comes back from it as written, the GPU's clock, power and energy included,
+// and the reference run it was set beside.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -41,6 +42,9 @@ TEST(BenchResult, JsonCarriesEveryFieldBackAsWritten) {
   r.temperature_c = any(20, 90);
   r.joules_per_step = any(1, 500);
   r.tokens_per_joule = any(1, 100);
+  r.gpu_name = random.below(2) ? "NVIDIA H200" : "NVIDIA H100 80GB HBM3";
+  r.reference = {"an engine " + std::to_string(random.below(1000)), "full (per block)",
+                 "table.toml:" + std::to_string(random.below(200) + 1) + ":1", any(1e3, 1e5), any(1, 140)};
   const BenchResult back = bench_from_json(nlohmann::json::parse(bench_to_json(r).dump()));
   EXPECT_EQ(back.label, r.label);
   EXPECT_EQ(back.device, r.device);
@@ -62,6 +66,16 @@ TEST(BenchResult, JsonCarriesEveryFieldBackAsWritten) {
       {back.power_capped, r.power_capped},           {back.temperature_c, r.temperature_c},
       {back.joules_per_step, r.joules_per_step},     {back.tokens_per_joule, r.tokens_per_joule}};
   for (size_t i = 0; i < std::size(numbers); ++i) EXPECT_DOUBLE_EQ(numbers[i].first, numbers[i].second) << "field " << i;
+  EXPECT_EQ(back.gpu_name, r.gpu_name);
+  EXPECT_EQ(back.reference.source, r.reference.source);
+  EXPECT_EQ(back.reference.compile, r.reference.compile);
+  EXPECT_EQ(back.reference.place, r.reference.place);
+  EXPECT_DOUBLE_EQ(back.reference.tokens_per_second, r.reference.tokens_per_second);
+  EXPECT_DOUBLE_EQ(back.reference.peak_gb, r.reference.peak_gb);
+  // Without a reference, none comes back (null in the JSON).
+  r.reference = {};
+  EXPECT_FALSE(bench_from_json(nlohmann::json::parse(bench_to_json(r).dump())).has_reference());
+  EXPECT_TRUE(bench_to_json(r)["reference"].is_null());
 }
 
 }  // namespace
