@@ -97,9 +97,9 @@ std::string table_row(const std::string& cell, const BenchResult* r, const std::
   // The reference run beside it (--reference): its tokens/s, ours over it, its peak memory.
   char reference[16] = "-", ratio[16] = "-", reference_gb[16] = "-";
   if (r->has_reference()) {
-    std::snprintf(reference, sizeof reference, "%.0f", r->reference.tokens_per_second);
-    std::snprintf(ratio, sizeof ratio, "%.2f", r->tokens_per_second / r->reference.tokens_per_second);
-    if (r->reference.peak_gb > 0) std::snprintf(reference_gb, sizeof reference_gb, "%.1f", r->reference.peak_gb);
+    std::snprintf(reference, sizeof reference, "%.0f", r->reference->tokens_per_second);
+    std::snprintf(ratio, sizeof ratio, "%.2f", r->tokens_per_second / r->reference->tokens_per_second);
+    if (r->reference->peak_gb > 0) std::snprintf(reference_gb, sizeof reference_gb, "%.1f", r->reference->peak_gb);
   }
   std::snprintf(line, sizeof line,
                 "| %-52s | %10.0f | %7.1f | %5.1f%% | %8.1f | %9.2f | %9.2f | %6s | %4s | %6s | %9s | %5s | %6s |\n",
@@ -116,8 +116,8 @@ const char* kTableHeader =
 std::string reference_notes(const std::vector<BenchResult>& results) {
   std::vector<std::string> sources;
   for (const auto& r : results)
-    if (r.has_reference() && std::find(sources.begin(), sources.end(), r.reference.source) == sources.end())
-      sources.push_back(r.reference.source);
+    if (r.has_reference() && std::find(sources.begin(), sources.end(), r.reference_source) == sources.end())
+      sources.push_back(r.reference_source);
   std::string notes;
   for (const auto& source : sources) notes += "reference: " + source + "; ratio = tokens/s over the reference's\n";
   return notes;

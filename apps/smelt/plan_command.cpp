@@ -147,8 +147,9 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
   if (!plan.data_parallel())
     evaluation_arena = build_step_plan(setup.model, evaluation_plan_options(setup.plan_options)).memory.arena_bytes;
   // PyTorch's run of the same step on this GPU, where the built-in table has one (smelt bench's column).
+  const ReferenceTable references = builtin_reference_table();
   const std::optional<ReferenceRun> reference = find_reference(
-      builtin_reference_table(), reference_query(adjusted, setup.model, plan, setup.ceilings.gpu_name, 1));
+      references, reference_query(adjusted, setup.model, plan, setup.ceilings.gpu_name, 1));
   const bool fits = static_cast<double>(plan.memory.arena_bytes) <= budget;
   std::vector<std::string> changes;
   if (!fits) changes = changes_that_fit(setup.model, setup.plan_options, budget, cost);
@@ -200,12 +201,11 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
     j["margin_bytes"] = budget - static_cast<double>(plan.memory.arena_bytes);
     j["changes_that_fit"] = changes;
     j["evaluation_arena_bytes"] = evaluation_arena > 0 ? nlohmann::json(evaluation_arena) : nlohmann::json();
-    j["reference"] = reference ? nlohmann::json{{"entry", reference->place},
-                                                {"compile", reference->compile},
-                                                {"tokens_per_second", reference->tokens_per_second},
-                                                {"peak_gb", reference->peak_gb},
-                                                {"predicted_speedup", time.tokens_per_second / reference->tokens_per_second}}
-                               : nlohmann::json();
+    j["reference"] = nlohmann::json();
+    if (reference) {
+      j["reference"] = reference_run_json(references.source, *reference);
+      j["reference"]["predicted_speedup"] = time.tokens_per_second / reference->tokens_per_second;
+    }
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -223,16 +223,10 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
   if (evaluation_arena > 0)
     std::cout << "eval:      " << format_bytes(evaluation_arena)
               << " for smelt eval of these weights and batches (forward only: no gradients or optimizer state)\n";
-  if (reference) {
-    std::snprintf(line, sizeof line,
-                  "reference: PyTorch on this GPU (compile %s; %s): %.0f tokens/s at %.1f GB peak; predicted %.2fx its "
-                  "tokens/s, %.1f GB %s memory\n",
-                  reference->compile.c_str(), reference->place.c_str(), reference->tokens_per_second, reference->peak_gb,
-                  time.tokens_per_second / reference->tokens_per_second,
-                  std::abs(reference->peak_gb - static_cast<double>(plan.memory.arena_bytes) / 1e9),
-                  reference->peak_gb * 1e9 >= static_cast<double>(plan.memory.arena_bytes) ? "less" : "more");
-    std::cout << line;
-  }
+  if (reference)
+    std::cout << compare_with_reference(references.source, *reference, "predicted", time.tokens_per_second,
+                                        static_cast<double>(plan.memory.arena_bytes))
+              << "\n";
 
   std::cout << "\ncheckpointing policies (same model, batch, dtype and layout; times from the cost model):\n"
                "  policy              arena        act.+recompute  recompute FLOPs  step s    tokens/s/GPU  fits (margin GB)\n";

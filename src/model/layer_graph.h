@@ -55,6 +55,10 @@ constexpr int kGradientCount = static_cast<int>(Gradient::count);
 // Weights of one block, in their order in the flat parameter buffer.
 enum class LayerWeight : uint8_t { attn_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2, count };
 constexpr int kLayerWeightCount = static_cast<int>(LayerWeight::count);
+// The block's linears (q, k, v, o, w1, w3, w2): every weight but the two norms.
+constexpr bool is_linear(LayerWeight weight) {
+  return weight != LayerWeight::attn_norm && weight != LayerWeight::ffn_norm;
+}
 
 enum class ForwardOp : uint8_t {
   attn_norm,   // layer_input -> attn_norm_out, attn_rstd

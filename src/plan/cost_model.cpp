@@ -174,7 +174,7 @@ Float8Weights float8_weights(const ModelConfig& m, const PlanOptions& o) {
   for (int64_t layer = 0; layer < m.n_layers; ++layer)
     for (int w = 0; w < kLayerWeightCount; ++w) {
       const auto weight = static_cast<LayerWeight>(w);
-      if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm) continue;
+      if (!is_linear(weight)) continue;
       if (float8_linear_enabled(o.float8, m, layer, weight))
         total.linears += 1, total.elements += weight_elements(weight, m);
     }

@@ -132,18 +132,14 @@ std::string float8_saved_summary(const StepPlan& plan) {
 // How many block linears run in float8, and which of the first block's stay in the compute
 // dtype (filter_fqns, by name or by the size filter).
 std::string float8_linear_summary(const StepPlan& plan) {
-  int64_t float8 = 0, linears = 0;
   std::string kept;
-  for (size_t layer = 0; layer < plan.layers.size(); ++layer)
-    for (int w = 0; w < kLayerWeightCount; ++w) {
-      const auto weight = static_cast<LayerWeight>(w);
-      if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm) continue;
-      ++linears;
-      float8 += plan.layers[layer].float8[size_t(w)];
-      if (layer == 0 && !plan.layers[layer].float8[size_t(w)])
-        kept += (kept.empty() ? "" : ", ") + std::string(layer_weight_name(weight));
-    }
-  return std::to_string(float8) + " of " + std::to_string(linears) + " block linears in float8" +
+  for (int w = 0; w < kLayerWeightCount && !plan.layers.empty(); ++w) {
+    const auto weight = static_cast<LayerWeight>(w);
+    if (is_linear(weight) && !plan.layers[0].float8[size_t(w)])
+      kept += (kept.empty() ? "" : ", ") + std::string(layer_weight_name(weight));
+  }
+  const StepPlan::LinearCount linears = plan.block_linears();
+  return std::to_string(linears.float8) + " of " + std::to_string(linears.total) + " block linears in float8" +
          (kept.empty() ? std::string() : "; block 0 keeps " + kept + " in " + std::string(dtype_name(plan.options.compute_dtype)));
 }
 

@@ -51,6 +51,14 @@ std::string Step::name() const {
 
 int64_t StepPlan::parameter_count() const { return model.total_parameters(); }
 
+StepPlan::LinearCount StepPlan::block_linears() const {
+  LinearCount count;
+  for (const auto& layer : layers)
+    for (int w = 0; w < kLayerWeightCount; ++w)
+      if (is_linear(static_cast<LayerWeight>(w))) ++count.total, count.float8 += layer.float8[size_t(w)];
+  return count;
+}
+
 DType StepPlan::gradient_reduce_dtype() const {
   return options.reduce_dtype == DType::bf16 ? DType::bf16 : master_dtype(options.compute_dtype);
 }
@@ -128,7 +136,7 @@ std::vector<ParameterRun> compute_copy_ranges(const ModelConfig& model, const Pl
   const auto& parameters = layout.parameters();
   const bool float8 = options.float8.recipe != Float8Recipe::none;
   auto copied = [&](int64_t layer, LayerWeight weight) {
-    if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm || !float8) return true;
+    if (!is_linear(weight) || !float8) return true;
     return !float8_linear_enabled(options.float8, model, layer, weight);
   };
   const bool amax_slots = optimizer_takes_float8_weight_amax(options);
@@ -148,7 +156,7 @@ std::vector<ParameterRun> compute_copy_ranges(const ModelConfig& model, const Pl
       const auto weight = static_cast<LayerWeight>(block_index % kLayerWeightCount);
       keep = copied(block_index / kLayerWeightCount, weight);
       if (amax_slots && !keep) slot = static_cast<int32_t>(block_index);  // a float8 linear: layer * 7 + weight
-      low = low_grads && weight != LayerWeight::attn_norm && weight != LayerWeight::ffn_norm;
+      low = low_grads && is_linear(weight);
     } else if (index + 1 == parameters.size()) {
       low = low_output_grad;
     }
@@ -373,7 +381,7 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
     if (training) lb.recomputed = recompute_ops(lb.kept);
     for (int w = 0; w < kLayerWeightCount; ++w) {
       const auto weight = static_cast<LayerWeight>(w);
-      if (weight == LayerWeight::attn_norm || weight == LayerWeight::ffn_norm) continue;
+      if (!is_linear(weight)) continue;
       lb.float8[w] = float8_linear_enabled(options.float8, model, int64_t(i), weight);
       any_float8 = any_float8 || lb.float8[w];
     }

@@ -236,6 +236,12 @@ struct StepPlan {
   MemoryPlan memory;
 
   int64_t parameter_count() const;
+  // The block linears of every layer, and how many of them run in float8 (LayerBuffers::float8).
+  struct LinearCount {
+    int64_t float8 = 0, total = 0;
+    bool all_float8() const { return float8 == total; }
+  };
+  LinearCount block_linears() const;
   double step_flops() const;       // executed FLOPs, recompute included
   double recompute_flops() const;
   size_t bytes_of(BufferClass kind) const;  // sum of buffer sizes of a class (not packed)

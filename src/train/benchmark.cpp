@@ -210,8 +210,12 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
     const std::optional<ReferenceRun> match =
         find_reference(*references, reference_query(config, setup.model, plan, r.gpu_name, ranks.world_size));
     if (match) {
-      r.reference = {references->source, match->compile, match->place, match->tokens_per_second, match->peak_gb};
-      if (options.report) log << describe_reference(r) << "\n";
+      r.reference = match;
+      r.reference_source = references->source;
+      if (options.report)
+        log << compare_with_reference(r.reference_source, *match, "smelt", r.tokens_per_second,
+                                      static_cast<double>(r.measured_bytes))
+            << "\n";
     } else if (options.report) {
       log << "reference: none of the " << references->runs.size() << " runs of " << references->path << " ("
           << references->gpu << ") describes this step on " << r.gpu_name << "\n";
@@ -229,6 +233,13 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   }
   return r;
 }
+
+namespace {
+nlohmann::json with_speedup(nlohmann::json reference, double speedup) {
+  reference["speedup"] = speedup;
+  return reference;
+}
+}  // namespace
 
 nlohmann::json bench_to_json(const BenchResult& r) {
   return {{"label", r.label},
@@ -258,34 +269,9 @@ nlohmann::json bench_to_json(const BenchResult& r) {
           {"joules_per_step", r.joules_per_step},
           {"tokens_per_joule", r.tokens_per_joule},
           {"gpu_name", r.gpu_name},
-          {"reference", r.has_reference() ? nlohmann::json{{"source", r.reference.source},
-                                                          {"compile", r.reference.compile},
-                                                          {"entry", r.reference.place},
-                                                          {"tokens_per_second", r.reference.tokens_per_second},
-                                                          {"peak_gb", r.reference.peak_gb},
-                                                          {"speedup", r.tokens_per_second / r.reference.tokens_per_second}}
+          {"reference", r.has_reference() ? with_speedup(reference_run_json(r.reference_source, *r.reference),
+                                                         r.tokens_per_second / r.reference->tokens_per_second)
                                           : nlohmann::json(nullptr)}};
-}
-
-std::string describe_reference(const BenchResult& r) {
-  if (!r.has_reference()) return "reference: none";
-  char line[512];
-  std::snprintf(line, sizeof line, "reference: %s (compile %s; %s): %.0f tokens/s", r.reference.source.c_str(),
-                r.reference.compile.empty() ? "-" : r.reference.compile.c_str(), r.reference.place.c_str(),
-                r.reference.tokens_per_second);
-  std::string text = line;
-  if (r.reference.peak_gb > 0) {
-    std::snprintf(line, sizeof line, " at %.1f GB peak", r.reference.peak_gb);
-    text += line;
-  }
-  std::snprintf(line, sizeof line, "; smelt %.2fx its tokens/s", r.tokens_per_second / r.reference.tokens_per_second);
-  text += line;
-  if (r.reference.peak_gb > 0 && r.measured_bytes > 0) {
-    const double difference = r.reference.peak_gb - static_cast<double>(r.measured_bytes) / 1e9;
-    std::snprintf(line, sizeof line, ", %.1f GB %s memory", std::abs(difference), difference >= 0 ? "less" : "more");
-    text += line;
-  }
-  return text;
 }
 
 BenchResult bench_from_json(const nlohmann::json& j) {
@@ -318,9 +304,8 @@ BenchResult bench_from_json(const nlohmann::json& j) {
   r.tokens_per_joule = j.value("tokens_per_joule", 0.0);
   r.gpu_name = j.value("gpu_name", "");
   if (j.contains("reference") && j["reference"].is_object()) {
-    const auto& ref = j["reference"];
-    r.reference = {ref.value("source", ""), ref.value("compile", ""), ref.value("entry", ""),
-                   ref.value("tokens_per_second", 0.0), ref.value("peak_gb", 0.0)};
+    r.reference = reference_run_from_json(j["reference"]);
+    r.reference_source = j["reference"].value("source", "");
   }
   return r;
 }

@@ -3,11 +3,13 @@
 // the plan predicted next to what the driver measured.
 #pragma once
 #include <iosfwd>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/config.h"
+#include "train/reference_runs.h"
 
 namespace smelt {
 
@@ -48,20 +50,15 @@ struct BenchResult {
   // cap, tokens per joule is what an optimisation has to raise.
   double joules_per_step = 0;
   double tokens_per_joule = 0;
-  // The reference run that describes the same step on this GPU (reference_runs.h); zero
-  // tokens/s when none does.
-  struct Reference {
-    std::string source, compile, place;  // what it was, how it ran, its entry's "file:line"
-    double tokens_per_second = 0;
-    double peak_gb = 0;  // 0: not recorded
-  } reference;
-  bool has_reference() const { return reference.tokens_per_second > 0; }
+  // The reference run that describes the same step on this GPU (reference_runs.h), and what its
+  // table's runs were (ReferenceTable::source); none when no run does.
+  std::optional<ReferenceRun> reference;
+  std::string reference_source;
+  bool has_reference() const { return reference.has_value(); }
 };
 
 BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, std::ostream& log);
 nlohmann::json bench_to_json(const BenchResult& result);
 BenchResult bench_from_json(const nlohmann::json& json);
-// One line: the reference run, its tokens/s and peak, and smelt's ratio and memory beside them.
-std::string describe_reference(const BenchResult& result);
 
 }  // namespace smelt

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
 #include "core/config_toml.h"
@@ -209,12 +210,7 @@ ReferenceQuery reference_query(const JobConfig& config, const ModelConfig& m, co
   q.precision = precision_label(config);
   q.activation_checkpoint = plan.options.policy.str();
   q.fusion = config.float8.fusion;
-  for (const auto& layer : plan.layers)
-    for (int w = 0; w < kLayerWeightCount; ++w) {
-      const auto weight = static_cast<LayerWeight>(w);
-      if (weight != LayerWeight::attn_norm && weight != LayerWeight::ffn_norm && !layer.float8[size_t(w)])
-        q.all_block_linears_in_float8 = false;
-    }
+  q.all_block_linears_in_float8 = plan.block_linears().all_float8();
   q.single_device_step = world_size == 1 && !plan.data_parallel() && plan.options.microbatches == 1;
   return q;
 }
@@ -232,6 +228,68 @@ std::optional<ReferenceRun> find_reference(const ReferenceTable& table, const Re
     if (!best || run.tokens_per_second > best->tokens_per_second) best = run;
   }
   return best;
+}
+
+std::string compare_with_reference(const std::string& source, const ReferenceRun& run, const std::string& label,
+                                   double tokens_per_second, double bytes) {
+  char line[512];
+  std::snprintf(line, sizeof line, "reference: %s (compile %s; %s): %.0f tokens/s", source.c_str(),
+                run.compile.empty() ? "-" : run.compile.c_str(), run.place.c_str(), run.tokens_per_second);
+  std::string text = line;
+  if (run.peak_gb > 0) {
+    std::snprintf(line, sizeof line, " at %.1f GB peak", run.peak_gb);
+    text += line;
+  }
+  std::snprintf(line, sizeof line, "; %s %.2fx its tokens/s", label.c_str(), tokens_per_second / run.tokens_per_second);
+  text += line;
+  if (run.peak_gb > 0 && bytes > 0) {
+    const double difference = run.peak_gb - bytes / 1e9;
+    std::snprintf(line, sizeof line, ", %.1f GB %s memory", std::abs(difference), difference >= 0 ? "less" : "more");
+    text += line;
+  }
+  return text;
+}
+
+nlohmann::json reference_run_json(const std::string& source, const ReferenceRun& run) {
+  const ReferenceModel& m = run.model;
+  return {{"source", source},
+          {"entry", run.place},
+          {"compile", run.compile},
+          {"tokens_per_second", run.tokens_per_second},
+          {"peak_gb", run.peak_gb},
+          {"model",
+           {{"name", m.name},
+            {"dim", m.dim},
+            {"n_layers", m.n_layers},
+            {"n_heads", m.n_heads},
+            {"n_kv_heads", m.n_kv_heads},
+            {"ffn_dim", m.ffn_dim},
+            {"vocab_size", m.vocab_size}}},
+          {"batch", run.batch},
+          {"seq_len", run.seq_len},
+          {"precision", run.precision},
+          {"activation_checkpoint", run.activation_checkpoint},
+          {"fusion", run.fusion}};
+}
+
+ReferenceRun reference_run_from_json(const nlohmann::json& j) {
+  ReferenceRun run;
+  run.place = j.value("entry", "");
+  run.compile = j.value("compile", "");
+  run.tokens_per_second = j.value("tokens_per_second", 0.0);
+  run.peak_gb = j.value("peak_gb", 0.0);
+  if (j.contains("model") && j["model"].is_object()) {
+    const auto& m = j["model"];
+    run.model = {m.value("name", ""),       m.value("dim", int64_t{0}),     m.value("n_layers", int64_t{0}),
+                 m.value("n_heads", int64_t{0}), m.value("n_kv_heads", int64_t{0}), m.value("ffn_dim", int64_t{0}),
+                 m.value("vocab_size", int64_t{0})};
+  }
+  run.batch = j.value("batch", int64_t{0});
+  run.seq_len = j.value("seq_len", int64_t{0});
+  run.precision = j.value("precision", "");
+  run.activation_checkpoint = j.value("activation_checkpoint", "");
+  run.fusion = j.value("fusion", "");
+  return run;
 }
 
 }  // namespace smelt

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/config.h"
 #include "model/model_config.h"
 #include "plan/step_plan.h"
@@ -65,5 +67,19 @@ ReferenceQuery reference_query(const JobConfig& config, const ModelConfig& model
 
 // The fastest run that describes the same step as `query`, or nullopt.
 std::optional<ReferenceRun> find_reference(const ReferenceTable& table, const ReferenceQuery& query);
+
+// One line setting smelt's figures beside `run` (a run of `source`): "reference: SOURCE (compile C;
+// file:line): N tokens/s at G GB peak; LABEL R.RRx its tokens/s, D.D GB less memory". `label` says
+// what smelt's figures are ("smelt": measured; "predicted": the plan's); the memory is left out
+// where the run recorded no peak or `bytes` is 0.
+std::string compare_with_reference(const std::string& source, const ReferenceRun& run, const std::string& label,
+                                   double tokens_per_second, double bytes);
+
+// A matched run as bench.json and `smelt plan --json` write it: source, entry, compile, tokens/s,
+// peak_gb and the step it describes (model, batch, seq_len, precision, activation_checkpoint,
+// fusion). reference_run_from_json reads what reference_run_json wrote; a missing key reads as
+// empty or zero.
+nlohmann::json reference_run_json(const std::string& source, const ReferenceRun& run);
+ReferenceRun reference_run_from_json(const nlohmann::json& json);
 
 }  // namespace smelt

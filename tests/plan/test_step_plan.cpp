@@ -173,10 +173,18 @@ TEST(StepPlan, SummaryLineNamesTheFloat8RecipeAndItsLinears) {
       }
     ASSERT_EQ(linears, 21);
     ASSERT_EQ(float8, 21 - 3 - 1);
-    const std::string line = plan_summary_line(build_step_plan(model, o));
+    const StepPlan plan = build_step_plan(model, o);
+    EXPECT_EQ(plan.block_linears().total, linears);
+    EXPECT_EQ(plan.block_linears().float8, float8);
+    EXPECT_FALSE(plan.block_linears().all_float8());
+    const std::string line = plan_summary_line(plan);
     const std::string want = "float8 " + std::string(float8_recipe_name(recipe)) + " (" + std::to_string(float8) + " of " +
                              std::to_string(linears) + " block linears in float8; block 0 keeps " + std::string(layer_weight_name(LayerWeight::w2)) + " in bf16)";
     EXPECT_NE(line.find(want), std::string::npos) << line;
+    // With only the output projection kept in bf16 (it is no block linear), all 21 are float8.
+    o.float8.filter_fqns = {"output"};
+    EXPECT_TRUE(build_step_plan(model, o).block_linears().all_float8());
+    EXPECT_EQ(build_step_plan(model, o).block_linears().float8, 21);
   }
 }
 

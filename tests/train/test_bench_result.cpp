@@ -43,8 +43,21 @@ TEST(BenchResult, JsonCarriesEveryFieldBackAsWritten) {
   r.joules_per_step = any(1, 500);
   r.tokens_per_joule = any(1, 100);
   r.gpu_name = random.below(2) ? "NVIDIA H200" : "NVIDIA H100 80GB HBM3";
-  r.reference = {"an engine " + std::to_string(random.below(1000)), "full (per block)",
-                 "table.toml:" + std::to_string(random.below(200) + 1) + ":1", any(1e3, 1e5), any(1, 140)};
+  ReferenceRun run;
+  auto between = [&](int64_t low, int64_t high) { return low + static_cast<int64_t>(random.below(uint64_t(high - low + 1))); };
+  run.model = {"model " + std::to_string(random.below(100)), 64 * between(1, 64), between(1, 32), between(1, 32),
+               between(1, 8), 128 * between(1, 128), between(1000, 200000)};
+  run.batch = between(1, 8);
+  run.seq_len = 1024 * between(1, 8);
+  run.precision = random.below(2) ? "bf16" : "fp8-rowwise";
+  run.activation_checkpoint = random.below(2) ? "none" : "selective-op";
+  run.fusion = random.below(2) ? "full" : "linear";
+  run.compile = "full (per block)";
+  run.place = "table.toml:" + std::to_string(random.below(200) + 1) + ":1";
+  run.tokens_per_second = any(1e3, 1e5);
+  run.peak_gb = any(1, 140);
+  r.reference = run;
+  r.reference_source = "an engine " + std::to_string(random.below(1000));
   const BenchResult back = bench_from_json(nlohmann::json::parse(bench_to_json(r).dump()));
   EXPECT_EQ(back.label, r.label);
   EXPECT_EQ(back.device, r.device);
@@ -67,13 +80,25 @@ TEST(BenchResult, JsonCarriesEveryFieldBackAsWritten) {
       {back.joules_per_step, r.joules_per_step},     {back.tokens_per_joule, r.tokens_per_joule}};
   for (size_t i = 0; i < std::size(numbers); ++i) EXPECT_DOUBLE_EQ(numbers[i].first, numbers[i].second) << "field " << i;
   EXPECT_EQ(back.gpu_name, r.gpu_name);
-  EXPECT_EQ(back.reference.source, r.reference.source);
-  EXPECT_EQ(back.reference.compile, r.reference.compile);
-  EXPECT_EQ(back.reference.place, r.reference.place);
-  EXPECT_DOUBLE_EQ(back.reference.tokens_per_second, r.reference.tokens_per_second);
-  EXPECT_DOUBLE_EQ(back.reference.peak_gb, r.reference.peak_gb);
+  ASSERT_TRUE(back.has_reference());
+  EXPECT_EQ(back.reference_source, r.reference_source);
+  EXPECT_EQ(back.reference->compile, run.compile);
+  EXPECT_EQ(back.reference->place, run.place);
+  EXPECT_DOUBLE_EQ(back.reference->tokens_per_second, run.tokens_per_second);
+  EXPECT_DOUBLE_EQ(back.reference->peak_gb, run.peak_gb);
+  const ReferenceModel& m = back.reference->model;
+  EXPECT_EQ(m.name, run.model.name);
+  EXPECT_EQ(std::vector<int64_t>({m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_dim, m.vocab_size}),
+            std::vector<int64_t>({run.model.dim, run.model.n_layers, run.model.n_heads, run.model.n_kv_heads,
+                                  run.model.ffn_dim, run.model.vocab_size}));
+  EXPECT_EQ(back.reference->batch, run.batch);
+  EXPECT_EQ(back.reference->seq_len, run.seq_len);
+  EXPECT_EQ(back.reference->precision, run.precision);
+  EXPECT_EQ(back.reference->activation_checkpoint, run.activation_checkpoint);
+  EXPECT_EQ(back.reference->fusion, run.fusion);
+  EXPECT_DOUBLE_EQ(bench_to_json(r)["reference"]["speedup"].get<double>(), r.tokens_per_second / run.tokens_per_second);
   // Without a reference, none comes back (null in the JSON).
-  r.reference = {};
+  r.reference.reset();
   EXPECT_FALSE(bench_from_json(nlohmann::json::parse(bench_to_json(r).dump())).has_reference());
   EXPECT_TRUE(bench_to_json(r)["reference"].is_null());
 }

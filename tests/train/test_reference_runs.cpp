@@ -2,8 +2,11 @@
 // other description finds it, and a bad table is an error naming its file, line and key.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "support/fresh_random.h"
@@ -146,6 +149,50 @@ void expect_error(const std::string& text, const std::vector<std::string>& expec
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::config);
     for (const auto& part : expected) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "'" << part << "' not in: " << e.what();
+  }
+}
+
+// The line bench and plan print: the run's figures, smelt's ratio to its tokens/s and the memory
+// difference, each from fresh figures; no memory part when the run has no peak or smelt no bytes.
+TEST(ReferenceRuns, TheComparisonLineSetsSmeltsFiguresBesideTheRuns) {
+  testing_support::FreshRandom random;
+  for (int trial = 0; trial < 20; ++trial) {
+    ReferenceRun run;
+    run.compile = "compile " + std::to_string(random.below(100));
+    run.place = "t.toml:" + std::to_string(1 + random.below(90));
+    run.tokens_per_second = random.uniform(1e3, 1e5);
+    run.peak_gb = random.uniform(1, 140);
+    const double ours = random.uniform(1e3, 1e5), bytes = random.uniform(1, 140) * 1e9;
+    const std::string line = compare_with_reference("an engine", run, "smelt", ours, bytes);
+    char want[256];
+    std::snprintf(want, sizeof want, "reference: an engine (%s; %s): %.0f tokens/s at %.1f GB peak; smelt %.2fx its tokens/s, %.1f GB %s memory",
+                  ("compile " + run.compile).c_str(), run.place.c_str(), run.tokens_per_second, run.peak_gb,
+                  ours / run.tokens_per_second, std::abs(run.peak_gb - bytes / 1e9),
+                  bytes / 1e9 <= run.peak_gb ? "less" : "more");
+    EXPECT_EQ(line, want);
+    EXPECT_EQ(compare_with_reference("an engine", run, "predicted", ours, 0).find("memory"), std::string::npos);
+    EXPECT_NE(compare_with_reference("an engine", run, "predicted", ours, 0).find("; predicted "), std::string::npos);
+    run.peak_gb = 0;
+    const std::string no_peak = compare_with_reference("an engine", run, "smelt", ours, bytes);
+    EXPECT_EQ(no_peak.find(" GB"), std::string::npos) << no_peak;
+  }
+}
+
+// A run written as bench.json writes it reads back field for field.
+TEST(ReferenceRuns, ARunComesBackFromItsJson) {
+  const ReferenceTable table = builtin_reference_table();
+  ASSERT_FALSE(table.runs.empty());
+  for (const ReferenceRun& run : table.runs) {
+    const nlohmann::json j = nlohmann::json::parse(reference_run_json(table.source, run).dump());
+    EXPECT_EQ(j["source"], table.source);
+    const ReferenceRun back = reference_run_from_json(j);
+    EXPECT_TRUE(find_reference({table.source, table.gpu, "back", {back}}, query_for(run, "NVIDIA H200")).has_value())
+        << run.place;
+    EXPECT_EQ(back.place, run.place);
+    EXPECT_EQ(back.compile, run.compile);
+    EXPECT_EQ(back.model.name, run.model.name);
+    EXPECT_DOUBLE_EQ(back.tokens_per_second, run.tokens_per_second);
+    EXPECT_DOUBLE_EQ(back.peak_gb, run.peak_gb);
   }
 }
 
