@@ -288,12 +288,18 @@ TEST(Cli, BenchSetsTheMatchingReferenceRunBesideItsResult) {
   ASSERT_FALSE(plan.is_null());
   const auto& m = plan["model"];
   const double reference_speed = random.uniform(100, 100000), reference_gb = random.uniform(0.1, 50);
+  // Every digit of a double (std::to_string keeps six decimals, which the checks below would see).
+  const auto exact = [](double value) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.17g", value);
+    return std::string(text);
+  };
   std::string table = "source = \"a test engine\"\ngpu = \"cpu\"\n[models.tiny]\n";
   for (const char* key : {"dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size"})
     table += std::string(key) + " = " + std::to_string(m[key].get<int64_t>()) + "\n";
   table += "[[runs]]\nmodel = \"tiny\"\nbatch = " + std::to_string(plan["batch_size"].get<int64_t>()) +
            "\nseq_len = 64\nprecision = \"bf16\"\nactivation_checkpoint = \"none\"\ntokens_per_second = " +
-           std::to_string(reference_speed) + "\npeak_gb = " + std::to_string(reference_gb) + "\n";
+           exact(reference_speed) + "\npeak_gb = " + exact(reference_gb) + "\n";
   const std::string file = temporary.write("reference.toml", table);
 
   const std::string output = temporary.path("bench.json");
@@ -307,7 +313,8 @@ TEST(Cli, BenchSetsTheMatchingReferenceRunBesideItsResult) {
   ASSERT_TRUE(matched.is_object()) << cells.dump(2);
   EXPECT_NEAR(matched["tokens_per_second"].get<double>(), reference_speed, 1e-6 * reference_speed);
   EXPECT_NEAR(matched["peak_gb"].get<double>(), reference_gb, 1e-6 * reference_gb);
-  EXPECT_NEAR(matched["speedup"].get<double>(), cells[0]["tokens_per_second"].get<double>() / reference_speed, 1e-9);
+  const double speedup = cells[0]["tokens_per_second"].get<double>() / reference_speed;
+  EXPECT_NEAR(matched["speedup"].get<double>(), speedup, 1e-12 * speedup);
   EXPECT_NE(matched["entry"].get<std::string>().find("reference.toml:"), std::string::npos);
   EXPECT_TRUE(cells[1]["reference"].is_null()) << "full checkpointing is not the reference's step";
   EXPECT_EQ(cells[0]["gpu_name"], "cpu");
