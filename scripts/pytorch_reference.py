@@ -6,7 +6,9 @@ PyTorch with fp32 master weights, bf16 autocast, causal SDPA (K and V repeated t
 as torchtitan's model does), cross-entropy on fp32 logits, gradient clipping at 1.0 and fused
 AdamW; torch.compile per transformer block or eager; activation checkpointing none, selective-op
 (every matrix product's and attention's output kept except every second matrix product, the rest
-recomputed) or full. Precision bf16 only: float8 needs torchao, which this script does not bring.
+recomputed) or full. Precision bf16, or float8 through torchao's `convert_to_float8_training`
+(recipe by name, the output projection kept in bf16, converted before compiling), when torchao can
+be imported (put its source folder on PYTHONPATH; the script asks for nothing to be installed).
 
 Each run is its own process (a clean allocator and compile cache), so peak_gb is that run's
 torch.cuda.max_memory_allocated. tokens/s is the median over the timed steps (CUDA events).
@@ -14,7 +16,8 @@ The output is a table in the format `smelt bench --reference FILE` reads (docs/b
 "Comparing with PyTorch"), with `gpu` set to this GPU's name:
 
   python3 scripts/pytorch_reference.py --config configs/llama3_8b_proxy.toml \\
-      --smelt build-gpu/smelt --runs "compile=none,block ac=none,selective-op" --steps 8 --warmup 3 \\
+      --smelt build-gpu/smelt --runs "precision=bf16,fp8-tensorwise compile=none,block ac=none,selective-op" \\
+      --steps 8 --warmup 3 \\
       --out runs/pytorch.toml
   build-gpu/smelt bench --config configs/llama3_8b_proxy.toml --reference runs/pytorch.toml ...
 """
@@ -31,6 +34,8 @@ import time
 
 COMPILE_LABELS = {"none": "none (eager)", "block": "full (per block)"}
 AC_MODES = ("none", "selective-op", "full")
+PRECISIONS = {"bf16": None, "fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise",
+              "fp8-rowwise_with_gw_hp": "rowwise_with_gw_hp"}  # smelt's name -> torchao's recipe
 
 
 def fail(message):
@@ -55,24 +60,24 @@ def model_shapes(smelt, config_path, overrides):
 
 
 def parse_runs(text):
-    """'compile=none,block ac=none,selective-op' -> every (compile, ac) pair, in that order."""
-    axes = {"compile": ["block"], "ac": ["selective-op"]}
+    """'precision=bf16 compile=none,block ac=none,selective-op' -> every (precision, compile, ac)."""
+    axes = {"precision": ["bf16"], "compile": ["block"], "ac": ["selective-op"]}
     for part in text.split():
         key, _, values = part.partition("=")
         if key not in axes or not values:
-            fail(f"--runs: '{part}' is not compile=... or ac=...")
+            fail(f"--runs: '{part}' is not precision=..., compile=... or ac=...")
         chosen = values.split(",")
-        allowed = COMPILE_LABELS if key == "compile" else AC_MODES
+        allowed = {"precision": PRECISIONS, "compile": COMPILE_LABELS, "ac": AC_MODES}[key]
         for value in chosen:
             if value not in allowed:
                 fail(f"--runs: {key} '{value}' is not one of {', '.join(allowed)}")
         axes[key] = chosen
-    return list(itertools.product(axes["compile"], axes["ac"]))
+    return list(itertools.product(axes["precision"], axes["compile"], axes["ac"]))
 
 
 # ----------------------------------------------------------------------------- one run (child)
 
-def run_one(shapes, batch, seq_len, compile_mode, ac, steps, warmup, seed):
+def run_one(shapes, batch, seq_len, precision, compile_mode, ac, steps, warmup, seed):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -124,7 +129,9 @@ def run_one(shapes, batch, seq_len, compile_mode, ac, steps, warmup, seed):
             h = self.ffn_norm(x)
             return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
 
-    saved_ops = {torch.ops.aten.mm.default}
+    # Saved under selective-op: the matrix products (float8 ones dispatch as aten.mm on torchao's
+    # tensors), attention, and the maxima float8 scales come from.
+    saved_ops = {torch.ops.aten.mm.default, torch.ops.aten.max.default}
     for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
                  "_scaled_dot_product_cudnn_attention"):
         if hasattr(torch.ops.aten, name):
@@ -157,11 +164,7 @@ def run_one(shapes, batch, seq_len, compile_mode, ac, steps, warmup, seed):
         def __init__(self):
             super().__init__()
             self.tok_embeddings = nn.Embedding(shapes["vocab_size"], dim)
-            blocks = []
-            for _ in range(shapes["n_layers"]):
-                block = Block() if ac == "none" else Checkpointed(Block())
-                blocks.append(torch.compile(block, fullgraph=True) if compile_mode == "block" else block)
-            self.layers = nn.ModuleList(blocks)
+            self.layers = nn.ModuleList(Block() for _ in range(shapes["n_layers"]))
             self.norm = RMSNorm(dim)
             self.output = nn.Linear(dim, shapes["vocab_size"], bias=False)
 
@@ -182,12 +185,23 @@ def run_one(shapes, batch, seq_len, compile_mode, ac, steps, warmup, seed):
         inverse = 1.0 / (shapes["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         angles = torch.outer(positions, inverse)[None, :, None, :]  # (1, T, 1, Dh/2)
         cos, sin = angles.cos(), angles.sin()
-        tokens = torch.randint(0, shapes["vocab_size"], (batch, seq_len + 1))
+        # Fresh tokens every step (a repeated batch is memorised within a few steps).
+        tokens = torch.randint(0, shapes["vocab_size"], (warmup + steps, batch, seq_len + 1))
+    if PRECISIONS[precision]:
+        try:
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        except ImportError as error:
+            fail(f"precision {precision} needs torchao ({error}); put its source folder on PYTHONPATH")
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(PRECISIONS[precision]),
+                                   module_filter_fn=lambda module, fqn: fqn != "output")
+    for index, block in enumerate(model.layers):  # checkpointing wraps the block, compiling wraps both
+        wrapped = block if ac == "none" else Checkpointed(block)
+        model.layers[index] = torch.compile(wrapped, fullgraph=True) if compile_mode == "block" else wrapped
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
                                   fused=True)
-    inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
-    def step():
+    def step(index):
+        inputs, labels = tokens[index, :, :-1], tokens[index, :, 1:]
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(inputs, cos, sin)
@@ -203,7 +217,7 @@ def run_one(shapes, batch, seq_len, compile_mode, ac, steps, warmup, seed):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         began = time.time()
         start.record()
-        loss = step()
+        loss = step(index)
         end.record()
         end.synchronize()
         milliseconds = start.elapsed_time(end)
@@ -238,16 +252,20 @@ def table_text(name, shapes, batch, seq_len, results, source, gpu):
         f"[models.{name}]",
     ]
     lines += [f"{key} = {shapes[key]}" for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size")]
-    for (compile_mode, ac), result in results:
+    for (precision, compile_mode, ac), result in results:
         lines += [
             "",
             "[[runs]]",
             f"model = \"{name}\"",
             f"batch = {batch}",
             f"seq_len = {seq_len}",
-            "precision = \"bf16\"",
+            f"precision = \"{precision}\"",
             f"activation_checkpoint = \"{ac}\"",
             f"compile = \"{COMPILE_LABELS[compile_mode]}\"",
+        ]
+        if PRECISIONS[precision] and compile_mode == "block":
+            lines.append("fusion = \"full\"")  # whole blocks compiled: smelt's float8 fusion "full"
+        lines += [
             f"tokens_per_second = {result['tokens_per_second']:.0f}",
             f"peak_gb = {result['peak_gb']:.2f}",
         ]
@@ -257,8 +275,9 @@ def table_text(name, shapes, batch, seq_len, results, source, gpu):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="a smelt config file (its [model] and [training] keys)")
-    parser.add_argument("--runs", default="compile=block ac=none,selective-op",
-                        help="compile=none,block ac=none,selective-op,full (every pair runs)")
+    parser.add_argument("--runs", default="precision=bf16 compile=block ac=none,selective-op",
+                        help="precision=bf16,fp8-tensorwise,fp8-rowwise compile=none,block "
+                             "ac=none,selective-op,full (every combination runs)")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per run (median)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
     parser.add_argument("--smelt", default="build/smelt", help="the smelt binary whose plan gives the shapes")
@@ -278,29 +297,31 @@ def main():
     name, shapes, batch, seq_len = model_shapes(args.smelt, args.config, overrides)
 
     if args.one:
-        compile_mode, ac = args.one.split(":")
-        print(json.dumps(run_one(shapes, batch, seq_len, compile_mode, ac, args.steps, args.warmup, args.seed)))
+        precision, compile_mode, ac = args.one.split(":")
+        print(json.dumps(run_one(shapes, batch, seq_len, precision, compile_mode, ac, args.steps, args.warmup,
+                                 args.seed)))
         return
 
     runs = parse_runs(args.runs)
     results, gpu, version = [], None, None
-    for compile_mode, ac in runs:
-        print(f"pytorch_reference: {name}, batch {batch}, seq {seq_len}, compile {compile_mode}, AC {ac}",
+    for precision, compile_mode, ac in runs:
+        print(f"pytorch_reference: {name}, batch {batch}, seq {seq_len}, {precision}, compile {compile_mode}, AC {ac}",
               file=sys.stderr, flush=True)
         command = [sys.executable, os.path.abspath(__file__), "--config", args.config, "--smelt", args.smelt,
                    "--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed),
-                   "--out", args.out, "--one", f"{compile_mode}:{ac}"]
+                   "--out", args.out, "--one", f"{precision}:{compile_mode}:{ac}"]
         command += [f"--set={item}" for item in args.set]
         child = subprocess.run(command, stdout=subprocess.PIPE, text=True)
         if child.returncode != 0:
-            fail(f"the run compile={compile_mode} ac={ac} failed (exit {child.returncode}); nothing written")
+            fail(f"the run precision={precision} compile={compile_mode} ac={ac} failed (exit {child.returncode}); nothing written")
         result = json.loads(child.stdout.strip().splitlines()[-1])
         gpu, version = result["gpu"], result["torch"]
         print(f"pytorch_reference:   {result['tokens_per_second']:.0f} tokens/s ({result['step_ms']:.1f} ms), "
               f"peak {result['peak_gb']:.2f} GB", file=sys.stderr, flush=True)
-        results.append(((compile_mode, ac), result))
+        results.append(((precision, compile_mode, ac), result))
 
-    text = table_text(name, shapes, batch, seq_len, results, f"PyTorch {version}, torchtitan-style step", gpu)
+    float8 = " + torchao float8" if any(PRECISIONS[precision] for (precision, _, _), _ in results) else ""
+    text = table_text(name, shapes, batch, seq_len, results, f"PyTorch {version}{float8}, torchtitan-style step", gpu)
     folder = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(folder, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:

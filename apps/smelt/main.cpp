@@ -46,8 +46,8 @@ int main(int argc, char** argv) {
   bench_command->add_option("--output", bench_options.output, "JSON results file (default <dump_folder>/bench.json)");
   bench_command->add_option("--reference", bench_options.reference,
                             "Reference runs to set beside each result, matched by GPU, model, batch, precision and "
-                            "policy: a TOML file like configs/reference/pytorch_h200.toml (built in, the default), "
-                            "or none");
+                            "policy: a TOML file like configs/reference/pytorch_h200.toml (built in: configs/reference/*.toml, "
+                            "the table of the GPU the bench runs on, the default), or none");
 
   ConfigOptions eval_config;
   EvalCommandOptions eval_options;

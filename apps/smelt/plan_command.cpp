@@ -147,7 +147,7 @@ int run_plan(const JobConfig& config, const PlanCommandOptions& options, const P
   if (!plan.data_parallel())
     evaluation_arena = build_step_plan(setup.model, evaluation_plan_options(setup.plan_options)).memory.arena_bytes;
   // PyTorch's run of the same step on this GPU, where the built-in table has one (smelt bench's column).
-  const ReferenceTable references = builtin_reference_table();
+  const ReferenceTable references = builtin_reference_table(setup.ceilings.gpu_name);
   const std::optional<ReferenceRun> reference = find_reference(
       references, reference_query(adjusted, setup.model, plan, setup.ceilings.gpu_name, 1));
   const bool fits = static_cast<double>(plan.memory.arena_bytes) <= budget;

@@ -60,9 +60,10 @@ void merge_calibration(const std::string& path, const RunSetup& setup, const Ste
 }
 
 
-std::optional<ReferenceTable> reference_table(const std::string& path) {
+// The runs to compare with: the built-in table of this GPU, a file, or none.
+std::optional<ReferenceTable> reference_table(const std::string& path, const std::string& gpu_name) {
   if (path == "none") return std::nullopt;
-  return path.empty() ? builtin_reference_table() : load_reference_table(path);
+  return path.empty() ? builtin_reference_table(gpu_name) : load_reference_table(path);
 }
 
 }  // namespace
@@ -81,7 +82,7 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   const int64_t microbatches = setup.plan_options.microbatches;
   const double tokens_per_step = static_cast<double>(shape.tokens() * microbatches);
 
-  const std::optional<ReferenceTable> references = reference_table(options.reference_path);  // a bad file fails first
+  const std::optional<ReferenceTable> references = reference_table(options.reference_path, backend->device_model());  // a bad file fails first
 
   BenchResult r;
   r.device = config.job.device;

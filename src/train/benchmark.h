@@ -18,8 +18,8 @@ struct BenchOptions {
   int64_t warmup = 3;   // untimed steps first
   std::string trace_path;  // Chrome trace of the last timed step; also prints where the time goes
   std::string calibrate_path;  // with a trace: op timing cache (JSON) the per-op means are merged into
-  // The reference runs the result is set beside: "" the built-in table
-  // (configs/reference/pytorch_h200.toml), "none" no comparison, else a TOML file of that form.
+  // The reference runs the result is set beside: "" the built-in table of the GPU it runs on
+  // (configs/reference/pytorch_<gpu>.toml), "none" no comparison, else a TOML file of that form.
   std::string reference_path;
   // False on every rank but 0 of a launch of several: the same steps are run and timed (traced
   // too, so every rank's schedule is the same), but nothing is written.

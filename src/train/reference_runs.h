@@ -1,5 +1,5 @@
 // Reference runs: another engine's measured tokens/s and peak memory for a model, batch, precision
-// and checkpointing policy on a GPU (configs/reference/pytorch_h200.toml, built in), and the one a
+// and checkpointing policy on a GPU (configs/reference/*.toml, built in), and the one a
 // benchmark's configuration compares with.
 #pragma once
 #include <cstdint>
@@ -44,8 +44,13 @@ struct ReferenceTable {
 // file, line and key.
 ReferenceTable parse_reference_table(const std::string& text, const std::string& path);
 ReferenceTable load_reference_table(const std::string& path);
-// configs/reference/pytorch_h200.toml, compiled into smelt.
-ReferenceTable builtin_reference_table();
+// Every configs/reference/*.toml, compiled into smelt, in file-name order (one table per GPU).
+std::vector<ReferenceTable> builtin_reference_tables();
+// The built-in table whose runs were on `gpu_name`'s GPU (configs/reference/pytorch_h100.toml for
+// "NVIDIA H100 80GB HBM3"); for a GPU none was measured on, the H200's, which then matches nothing.
+ReferenceTable builtin_reference_table(const std::string& gpu_name);
+// True when `gpu_name` (a device's name) contains the table's `gpu`, case-insensitively.
+bool runs_on(const ReferenceTable& table, const std::string& gpu_name);
 
 // What a benchmarked configuration is, as the reference runs describe theirs.
 struct ReferenceQuery {

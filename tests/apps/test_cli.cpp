@@ -339,14 +339,16 @@ TEST(Cli, BenchSetsTheMatchingReferenceRunBesideItsResult) {
 }
 
 // smelt plan names PyTorch's run of the same step on the GPU it plans for (the bench's reference
-// column, up front) with the predicted ratio; a GPU or fusion the table has no run of changes it.
+// column, up front) with the predicted ratio; a GPU or fusion the table has no run of changes it,
+// and another GPU's table gives that GPU's run.
 TEST(Cli, PlanSetsThePredictionBesidePyTorchsRunOfTheSameStep) {
   const std::string proxy = "plan --config " + config("llama3_8b_proxy.toml") + " --format json --float8.recipe=tensorwise"
                             " --activation_checkpoint.mode=selective-op";
   const auto full = run_json(proxy);
   const auto linear = run_json(proxy + " --float8.fusion=linear");
-  const auto h100 = run_json(proxy + " --gpu h100");
-  ASSERT_FALSE(full.is_null() || linear.is_null() || h100.is_null());
+  const auto h100 = run_json(proxy + " --float8.fusion=linear --gpu h100");
+  const auto h100_bf16 = run_json(proxy + " --float8.recipe=none --gpu h100");
+  ASSERT_FALSE(full.is_null() || linear.is_null() || h100.is_null() || h100_bf16.is_null());
   for (const auto* j : {&full, &linear}) {
     const auto& reference = (*j)["reference"];
     ASSERT_TRUE(reference.is_object()) << j->dump(2);
@@ -359,4 +361,10 @@ TEST(Cli, PlanSetsThePredictionBesidePyTorchsRunOfTheSameStep) {
   EXPECT_EQ(linear["reference"]["compile"], "linear layers only");
   EXPECT_LT(linear["reference"]["tokens_per_second"].get<double>(), full["reference"]["tokens_per_second"].get<double>());
   EXPECT_TRUE(h100["reference"].is_null()) << h100["reference"].dump();
+  // On an H100, the H100's own PyTorch run (configs/reference/pytorch_h100.toml).
+  const auto& on_h100 = h100_bf16["reference"];
+  ASSERT_TRUE(on_h100.is_object()) << h100_bf16.dump(2);
+  EXPECT_NE(on_h100["entry"].get<std::string>().find("pytorch_h100.toml"), std::string::npos) << on_h100.dump();
+  EXPECT_EQ(on_h100["precision"], "bf16");
+  EXPECT_EQ(on_h100["activation_checkpoint"], "selective-op");
 }

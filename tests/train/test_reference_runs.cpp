@@ -27,60 +27,116 @@ ReferenceQuery query_for(const ReferenceRun& run, const std::string& gpu_name) {
   return q;
 }
 
-// True when `run` describes the step `q` asks about (what find_reference promises of its answer).
-bool describes(const ReferenceRun& run, const ReferenceQuery& q) {
+// The device name a table's runs were on ("H200" -> "NVIDIA H200").
+std::string device_of(const ReferenceTable& table) {
+  return table.gpu.rfind("NVIDIA", 0) == 0 ? table.gpu : "NVIDIA " + table.gpu;
+}
+
+// True when `run` (of `table`) describes the step `q` asks about (what find_reference promises of
+// its answer).
+bool describes(const ReferenceTable& table, const ReferenceRun& run, const ReferenceQuery& q) {
   const ReferenceModel& a = run.model;
   const ReferenceModel& b = q.model;
-  return q.gpu_name.find("H200") != std::string::npos && a.dim == b.dim && a.n_layers == b.n_layers && a.n_heads == b.n_heads && a.n_kv_heads == b.n_kv_heads &&
-         a.ffn_dim == b.ffn_dim && a.vocab_size == b.vocab_size && run.batch == q.batch && run.seq_len == q.seq_len &&
+  return q.gpu_name.find(table.gpu) != std::string::npos && a.dim == b.dim && a.n_layers == b.n_layers &&
+         a.n_heads == b.n_heads && a.n_kv_heads == b.n_kv_heads && a.ffn_dim == b.ffn_dim &&
+         a.vocab_size == b.vocab_size && run.batch == q.batch && run.seq_len == q.seq_len &&
          run.precision == q.precision && run.activation_checkpoint == q.activation_checkpoint &&
          (run.fusion.empty() || run.fusion == q.fusion) && q.single_device_step &&
          (q.precision.rfind("fp8-", 0) != 0 || q.all_block_linears_in_float8);
 }
 
-TEST(ReferenceRuns, TheBuiltInTableHasTheProxyAndOneBillionRuns) {
-  const ReferenceTable table = builtin_reference_table();
-  EXPECT_EQ(table.gpu, "H200");
-  EXPECT_FALSE(table.source.empty());
-  ASSERT_GE(table.runs.size(), 14u);
-  for (const auto& run : table.runs) {
-    EXPECT_GT(run.tokens_per_second, 1000) << run.place;
-    EXPECT_TRUE(run.model.name == "llama3_8b_proxy" || run.model.name == "llama3_1b") << run.place;
-    EXPECT_NE(run.place.find("pytorch_h200.toml"), std::string::npos) << run.place;
+TEST(ReferenceRuns, TheBuiltInTablesAreOnePerGpu) {
+  const std::vector<ReferenceTable> tables = builtin_reference_tables();
+  ASSERT_GE(tables.size(), 2u);
+  std::vector<std::string> gpus;
+  for (const auto& table : tables) {
+    EXPECT_FALSE(table.source.empty()) << table.path;
+    EXPECT_FALSE(table.runs.empty()) << table.path;
+    for (const auto& other : gpus) EXPECT_NE(other, table.gpu) << "two built-in tables for one GPU";
+    gpus.push_back(table.gpu);
+    for (const auto& run : table.runs) {
+      EXPECT_GT(run.tokens_per_second, 1000) << run.place;
+      EXPECT_GT(run.peak_gb, 1.0) << run.place;
+      EXPECT_TRUE(run.model.name == "llama3_8b_proxy" || run.model.name == "llama3_1b") << run.place;
+      // Each run's place names its own file (the table's path without " (built in)").
+      EXPECT_EQ(run.place.rfind(table.path.substr(0, table.path.find(' ')), 0), 0u) << run.place << " in " << table.path;
+    }
+  }
+  const ReferenceTable h200 = builtin_reference_table("NVIDIA H200");
+  EXPECT_EQ(h200.gpu, "H200");
+  EXPECT_NE(h200.path.find("pytorch_h200.toml"), std::string::npos);
+  EXPECT_GE(h200.runs.size(), 14u);
+  const ReferenceTable h100 = builtin_reference_table("NVIDIA H100 80GB HBM3");
+  EXPECT_NE(h100.path.find("pytorch_h100.toml"), std::string::npos);
+  EXPECT_TRUE(runs_on(h100, "NVIDIA H100 80GB HBM3"));
+  EXPECT_FALSE(runs_on(h100, "NVIDIA H100 PCIe")) << "a PCIe H100 (350 W) is not the SXM part the runs were on";
+  EXPECT_FALSE(runs_on(h100, "NVIDIA H200"));
+  EXPECT_FALSE(runs_on(h200, "NVIDIA H100 80GB HBM3"));
+  EXPECT_TRUE(runs_on(h200, "nvidia h200"));
+  // A GPU no table was measured on gets a table whose runs match none of its steps.
+  const ReferenceTable other = builtin_reference_table("cpu");
+  ASSERT_FALSE(other.runs.empty());
+  EXPECT_FALSE(find_reference(other, query_for(other.runs.front(), "cpu")));
+}
+
+// The proxy's bf16 steps on an H100 compare with PyTorch compiled on the H100, not the H200's figures.
+TEST(ReferenceRuns, AnH100StepFindsTheH100sRun) {
+  const ReferenceTable h100 = builtin_reference_table("NVIDIA H100 80GB HBM3");
+  const ReferenceTable h200 = builtin_reference_table("NVIDIA H200");
+  for (const char* policy : {"none", "selective-op"}) {
+    ReferenceQuery q = query_for(h100.runs.front(), "NVIDIA H100 80GB HBM3");
+    q.precision = "bf16";
+    q.activation_checkpoint = policy;
+    const auto found = find_reference(h100, q);
+    ASSERT_TRUE(found) << policy;
+    EXPECT_NE(found->place.find("pytorch_h100.toml"), std::string::npos);
+    EXPECT_EQ(found->compile, "full (per block)") << "compiled is faster than eager";
+    EXPECT_FALSE(find_reference(h200, q)) << "the H200's runs describe another GPU";
+    q.gpu_name = "NVIDIA H200";
+    const auto there = find_reference(h200, q);
+    ASSERT_TRUE(there) << policy;
+    EXPECT_NE(there->tokens_per_second, found->tokens_per_second);
   }
 }
 
 TEST(ReferenceRuns, EachRunIsFoundFromItsOwnDescriptionAsTheFastestThatMatches) {
-  const ReferenceTable table = builtin_reference_table();
-  for (const auto& run : table.runs) {
-    const auto found = find_reference(table, query_for(run, "NVIDIA H200"));
-    ASSERT_TRUE(found) << run.place;
-    EXPECT_TRUE(describes(*found, query_for(run, "NVIDIA H200"))) << run.place << " found " << found->place;
-    EXPECT_GE(found->tokens_per_second, run.tokens_per_second) << run.place;
-    // The fastest of those that match (bf16 eager and compiled describe one step: compiled wins).
-    for (const auto& other : table.runs)
-      if (describes(other, query_for(run, "NVIDIA H200"))) {
-        EXPECT_GE(found->tokens_per_second, other.tokens_per_second);
-      }
+  for (const ReferenceTable& table : builtin_reference_tables()) {
+    const std::string device = device_of(table);
+    for (const auto& run : table.runs) {
+      const auto found = find_reference(table, query_for(run, device));
+      ASSERT_TRUE(found) << run.place;
+      EXPECT_TRUE(describes(table, *found, query_for(run, device))) << run.place << " found " << found->place;
+      EXPECT_GE(found->tokens_per_second, run.tokens_per_second) << run.place;
+      // The fastest of those that match (bf16 eager and compiled describe one step: compiled wins).
+      for (const auto& other : table.runs)
+        if (describes(table, other, query_for(run, device))) {
+          EXPECT_GE(found->tokens_per_second, other.tokens_per_second);
+        }
+    }
+    // The proxy's bf16 step without checkpointing: PyTorch compiled, not eager.
+    ReferenceQuery proxy = query_for(table.runs.front(), device);
+    proxy.precision = "bf16";
+    proxy.activation_checkpoint = "none";
+    ASSERT_TRUE(find_reference(table, proxy)) << table.path;
+    EXPECT_EQ(find_reference(table, proxy)->compile, "full (per block)") << table.path;
   }
-  // The proxy's bf16 step without checkpointing: PyTorch compiled, not eager.
-  ReferenceQuery proxy = query_for(table.runs.front(), "NVIDIA H200");
-  proxy.precision = "bf16";
-  proxy.activation_checkpoint = "none";
-  ASSERT_TRUE(find_reference(table, proxy));
-  EXPECT_EQ(find_reference(table, proxy)->compile, "full (per block)");
 }
 
 TEST(ReferenceRuns, AnyOtherStepFindsOnlyARunThatDescribesIt) {
   testing_support::FreshRandom random;
-  const ReferenceTable table = builtin_reference_table();
+  const std::vector<ReferenceTable> tables = builtin_reference_tables();
   int unmatched = 0;
   for (int trial = 0; trial < 400; ++trial) {
+    const ReferenceTable& table = tables[random.below(tables.size())];
     const ReferenceRun& run = table.runs[random.below(table.runs.size())];
-    ReferenceQuery q = query_for(run, "NVIDIA H200");
+    ReferenceQuery q = query_for(run, device_of(table));
     const int64_t step = int64_t(random.below(3)) + 1;
     switch (random.below(13)) {
-      case 0: q.gpu_name = random.below(2) ? "NVIDIA H100 80GB HBM3" : "cpu"; break;
+      case 0: {
+        const char* gpus[] = {"NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA H100 PCIe", "cpu"};
+        q.gpu_name = gpus[random.below(4)];
+        break;
+      }
       case 1: q.model.dim += 256 * step; break;
       case 2: q.model.n_layers += step; break;
       case 3: q.model.n_heads = q.model.n_heads * 2; break;
@@ -107,10 +163,11 @@ TEST(ReferenceRuns, AnyOtherStepFindsOnlyARunThatDescribesIt) {
     const auto found = find_reference(table, q);
     if (!found) {
       ++unmatched;
-      for (const auto& other : table.runs) EXPECT_FALSE(describes(other, q)) << other.place << " describes the step";
+      for (const auto& other : table.runs)
+        EXPECT_FALSE(describes(table, other, q)) << other.place << " describes the step";
       continue;
     }
-    EXPECT_TRUE(describes(*found, q)) << "found " << found->place << " for a step it does not describe";
+    EXPECT_TRUE(describes(table, *found, q)) << "found " << found->place << " for a step it does not describe";
   }
   EXPECT_GT(unmatched, 100);  // most changes describe a step no reference ran
 }
@@ -180,7 +237,7 @@ TEST(ReferenceRuns, TheComparisonLineSetsSmeltsFiguresBesideTheRuns) {
 
 // A run written as bench.json writes it reads back field for field.
 TEST(ReferenceRuns, ARunComesBackFromItsJson) {
-  const ReferenceTable table = builtin_reference_table();
+  const ReferenceTable table = builtin_reference_table("NVIDIA H200");
   ASSERT_FALSE(table.runs.empty());
   for (const ReferenceRun& run : table.runs) {
     const nlohmann::json j = nlohmann::json::parse(reference_run_json(table.source, run).dump());
