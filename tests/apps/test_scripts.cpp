@@ -1,6 +1,8 @@
 // The float8 quality scripts (scripts/float8_quality.py, scripts/plot_loss_curves.py) on a tiny
 // CPU run: one run per recipe, their curves in the JSON, the table and the exit code at the
-// tolerance, the plot, and a clear error for bad input. Skipped where there is no python3.
+// tolerance, the plot, and a clear error for bad input. scripts/pytorch_reference.py: the table it
+// writes is one smelt bench reads and matches (its measuring needs PyTorch and a GPU), and bad
+// input is refused before anything runs. Skipped where there is no python3.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -106,6 +108,76 @@ TEST(Float8QualityScript, BadInputIsAClearErrorBeforeAnyRun) {
   EXPECT_NE(one.exit_code, 0);
   EXPECT_NE(one.output.find("--recipes needs a baseline"), std::string::npos) << one.output;
   EXPECT_FALSE(fs::exists(folder.path("q.json"))) << "no results file for a refused run";
+}
+
+// The shapes come from smelt's own plan of the config, and the table written from them (with a
+// fresh random speed) is the one smelt bench sets beside its result: the compiled run, the faster.
+TEST(PyTorchReferenceScript, TheTableItWritesIsOneSmeltBenchMatches) {
+  if (run_command("python3 --version").exit_code != 0) GTEST_SKIP() << "no python3 on this machine";
+  const TemporaryFolder folder;
+  const fs::path config = tiny_config(folder);
+  const std::string smelt = std::string(SMELT_BINARY_DIR) + "/smelt";
+  smelt::Random random(smelt::testing_support::fresh(2), 0);
+  const int64_t speed = 1000 + static_cast<int64_t>(random.next() % 90000);
+  const double gb = 0.01 * static_cast<double>(10 + random.next() % 5000);
+  const std::string table = folder.path("pytorch.toml");
+  const std::string program =
+      "import importlib.util\n"
+      "spec = importlib.util.spec_from_file_location('reference', '" + std::string(SMELT_SOURCE_DIR) +
+      "/scripts/pytorch_reference.py')\n"
+      "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+      "name, shapes, batch, seq_len = m.model_shapes('" + smelt + "', '" + config.string() + "', [])\n"
+      "runs = [(('bf16', 'none', 'none'), {'tokens_per_second': " + std::to_string(speed / 2) + ", 'peak_gb': 1.0}),\n"
+      "        (('bf16', 'block', 'none'), {'tokens_per_second': " + std::to_string(speed) + ", 'peak_gb': " +
+      std::to_string(gb) + "}),\n"
+      "        (('bf16', 'block', 'selective-op'), {'tokens_per_second': 7.0, 'peak_gb': 1.0})]\n"
+      "open('" + table + "', 'w').write(m.table_text(name, shapes, batch, seq_len, runs, 'PyTorch, a test', 'cpu'))\n";
+  const std::string script_file = folder.write("write_table.py", program);
+  auto written = run_command("python3 " + script_file);
+  ASSERT_EQ(written.exit_code, 0) << written.output;
+
+  const std::string output = folder.path("bench.json");
+  auto bench = run_command(smelt + " bench --config " + config.string() + " --steps 1 --warmup 0 --reference " +
+                           table + " --output " + output);
+  ASSERT_EQ(bench.exit_code, 0) << bench.output;
+  std::ifstream file(output);
+  const auto j = nlohmann::json::parse(file);
+  const auto& reference = j["reference"];
+  ASSERT_TRUE(reference.is_object()) << bench.output;
+  EXPECT_DOUBLE_EQ(reference["tokens_per_second"].get<double>(), static_cast<double>(speed));
+  EXPECT_NEAR(reference["peak_gb"].get<double>(), gb, 0.006);
+  EXPECT_EQ(reference["compile"], "full (per block)");
+  EXPECT_EQ(reference["activation_checkpoint"], "none");
+  EXPECT_EQ(reference["model"]["dim"], 64);
+  EXPECT_EQ(reference["model"]["n_layers"], 2);
+  EXPECT_EQ(reference["batch"], 2);
+  EXPECT_EQ(reference["seq_len"], 32);
+}
+
+TEST(PyTorchReferenceScript, BadInputIsAClearErrorBeforeAnyRun) {
+  if (run_command("python3 --version").exit_code != 0) GTEST_SKIP() << "no python3 on this machine";
+  const TemporaryFolder folder;
+  const fs::path config = tiny_config(folder);
+  const std::string smelt = std::string(SMELT_BINARY_DIR) + "/smelt";
+  const std::string out = folder.path("pytorch.toml");
+  const std::string common = script("pytorch_reference.py") + " --out " + out;
+  struct Case {
+    std::string arguments, message;
+  };
+  const Case cases[] = {
+      {" --smelt " + smelt + " --config " + config.string() + " --runs precision=fp9", "precision 'fp9' is not one of"},
+      {" --smelt " + smelt + " --config " + config.string() + " --runs speed=fast", "'speed=fast' is not precision="},
+      {" --smelt " + smelt + " --config " + config.string() + " --steps 0", "--steps and --warmup must be at least 1"},
+      {" --smelt " + smelt + " --config " + config.string() + " --set training.seq_len", "'training.seq_len' is not KEY=VALUE"},
+      {" --smelt " + smelt + " --config " + folder.path("absent.toml"), "absent.toml"},
+      {" --smelt " + folder.path("no-smelt") + " --config " + config.string(), "name the binary with --smelt"},
+  };
+  for (const Case& c : cases) {
+    auto refused = run_command(common + c.arguments);
+    EXPECT_EQ(refused.exit_code, 2) << c.arguments << "\n" << refused.output;
+    EXPECT_NE(refused.output.find(c.message), std::string::npos) << c.arguments << "\n" << refused.output;
+    EXPECT_FALSE(fs::exists(out)) << "a refused run wrote " << out;
+  }
 }
 
 }  // namespace
