@@ -11,7 +11,8 @@ recomputed) or full. Precision bf16, or float8 through torchao's `convert_to_flo
 be imported (put its source folder on PYTHONPATH; the script asks for nothing to be installed).
 
 Each run is its own process (a clean allocator and compile cache), so peak_gb is that run's
-torch.cuda.max_memory_allocated. tokens/s is the median over the timed steps (CUDA events).
+torch.cuda.max_memory_allocated; a run that fails (or does not fit the GPU) is left out of the table,
+said so, and makes the exit status 1. tokens/s is the median over the timed steps (CUDA events).
 The output is a table in the format `smelt bench --reference FILE` reads (docs/benchmarks.md,
 "Comparing with PyTorch"), with `gpu` set to this GPU's name:
 
@@ -217,7 +218,11 @@ def run_one(shapes, batch, seq_len, precision, compile_mode, ac, steps, warmup, 
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         began = time.time()
         start.record()
-        loss = step(index)
+        try:
+            loss = step(index)
+        except torch.cuda.OutOfMemoryError as error:
+            print(f"pytorch_reference: does not fit this GPU: {str(error).splitlines()[0]}", file=sys.stderr)
+            sys.exit(3)
         end.record()
         end.synchronize()
         milliseconds = start.elapsed_time(end)
@@ -303,7 +308,7 @@ def main():
         return
 
     runs = parse_runs(args.runs)
-    results, gpu, version = [], None, None
+    results, failed, gpu, version = [], [], None, None
     for precision, compile_mode, ac in runs:
         print(f"pytorch_reference: {name}, batch {batch}, seq {seq_len}, {precision}, compile {compile_mode}, AC {ac}",
               file=sys.stderr, flush=True)
@@ -312,14 +317,20 @@ def main():
                    "--out", args.out, "--one", f"{precision}:{compile_mode}:{ac}"]
         command += [f"--set={item}" for item in args.set]
         child = subprocess.run(command, stdout=subprocess.PIPE, text=True)
-        if child.returncode != 0:
-            fail(f"the run precision={precision} compile={compile_mode} ac={ac} failed (exit {child.returncode}); nothing written")
+        if child.returncode != 0:  # the others still run; the table holds the runs that completed
+            what = "did not fit the GPU" if child.returncode == 3 else f"failed (exit {child.returncode})"
+            print(f"pytorch_reference:   precision={precision} compile={compile_mode} ac={ac} {what}",
+                  file=sys.stderr, flush=True)
+            failed.append(f"precision={precision} compile={compile_mode} ac={ac}")
+            continue
         result = json.loads(child.stdout.strip().splitlines()[-1])
         gpu, version = result["gpu"], result["torch"]
         print(f"pytorch_reference:   {result['tokens_per_second']:.0f} tokens/s ({result['step_ms']:.1f} ms), "
               f"peak {result['peak_gb']:.2f} GB", file=sys.stderr, flush=True)
         results.append(((precision, compile_mode, ac), result))
 
+    if not results:
+        fail("no run completed; nothing written")
     float8 = " + torchao float8" if any(PRECISIONS[precision] for (precision, _, _), _ in results) else ""
     text = table_text(name, shapes, batch, seq_len, results, f"PyTorch {version}{float8}, torchtitan-style step", gpu)
     folder = os.path.dirname(os.path.abspath(args.out))
@@ -327,7 +338,10 @@ def main():
     with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:
         f.write(text)
     os.replace(f.name, args.out)  # whole or not at all
-    print(f"pytorch_reference: wrote {args.out}", file=sys.stderr)
+    print(f"pytorch_reference: wrote {args.out} ({len(results)} runs)", file=sys.stderr)
+    if failed:
+        print(f"pytorch_reference: not in the table: {'; '.join(failed)}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
