@@ -219,7 +219,8 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
             << "\n";
     } else if (options.report) {
       log << "reference: none of the " << references->runs.size() << " runs of " << references->path << " ("
-          << references->gpu << ") describes this step on " << r.gpu_name << "\n";
+          << references->gpu << ") describes this step on " << r.gpu_name
+          << " (scripts/pytorch_reference.py measures PyTorch's here: --reference FILE)\n";
     }
   }
   if (options.report && r.step_ms > 0 && r.predicted_step_ms > 0) {

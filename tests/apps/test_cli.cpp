@@ -317,6 +317,9 @@ TEST(Cli, BenchSetsTheMatchingReferenceRunBesideItsResult) {
   EXPECT_NEAR(matched["speedup"].get<double>(), speedup, 1e-12 * speedup);
   EXPECT_NE(matched["entry"].get<std::string>().find("reference.toml:"), std::string::npos);
   EXPECT_TRUE(cells[1]["reference"].is_null()) << "full checkpointing is not the reference's step";
+  EXPECT_NE(matrix.output.find("reference: none of the 1 runs of " + file + " (cpu) describes this step on cpu"),
+            std::string::npos) << matrix.output;
+  EXPECT_NE(matrix.output.find("scripts/pytorch_reference.py"), std::string::npos) << "how to measure one";
   EXPECT_EQ(cells[0]["gpu_name"], "cpu");
 
   fs::remove(output);
