@@ -290,10 +290,15 @@ def main():
                         help="a config override passed to smelt plan, e.g. training.local_batch_size=2 (repeatable)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="the reference table to write (TOML)")
-    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one pair, print its JSON
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: the run (JSON) a child measures
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 1:
         fail("--steps and --warmup must be at least 1 (the first step compiles)")
+    if args.one:  # a child: the parent's description of the run, so smelt plan runs once
+        run = json.loads(args.one)
+        print(json.dumps(run_one(run["shapes"], run["batch"], run["seq_len"], run["precision"], run["compile"],
+                                 run["ac"], args.steps, args.warmup, args.seed)))
+        return
     overrides = []
     for item in args.set:
         if "=" not in item:
@@ -301,21 +306,16 @@ def main():
         overrides.append("--" + item)
     name, shapes, batch, seq_len = model_shapes(args.smelt, args.config, overrides)
 
-    if args.one:
-        precision, compile_mode, ac = args.one.split(":")
-        print(json.dumps(run_one(shapes, batch, seq_len, precision, compile_mode, ac, args.steps, args.warmup,
-                                 args.seed)))
-        return
-
     runs = parse_runs(args.runs)
     results, failed, gpu, version = [], [], None, None
     for precision, compile_mode, ac in runs:
         print(f"pytorch_reference: {name}, batch {batch}, seq {seq_len}, {precision}, compile {compile_mode}, AC {ac}",
               file=sys.stderr, flush=True)
-        command = [sys.executable, os.path.abspath(__file__), "--config", args.config, "--smelt", args.smelt,
-                   "--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed),
-                   "--out", args.out, "--one", f"{precision}:{compile_mode}:{ac}"]
-        command += [f"--set={item}" for item in args.set]
+        run = {"shapes": shapes, "batch": batch, "seq_len": seq_len, "precision": precision, "compile": compile_mode,
+               "ac": ac}
+        command = [sys.executable, os.path.abspath(__file__), "--config", args.config, "--steps", str(args.steps),
+                   "--warmup", str(args.warmup), "--seed", str(args.seed), "--out", args.out,
+                   "--one", json.dumps(run)]
         child = subprocess.run(command, stdout=subprocess.PIPE, text=True)
         if child.returncode != 0:  # the others still run; the table holds the runs that completed
             what = "did not fit the GPU" if child.returncode == 3 else f"failed (exit {child.returncode})"

@@ -82,11 +82,11 @@ BenchResult run_benchmark(const JobConfig& config, const BenchOptions& options, 
   const int64_t microbatches = setup.plan_options.microbatches;
   const double tokens_per_step = static_cast<double>(shape.tokens() * microbatches);
 
-  const std::optional<ReferenceTable> references = reference_table(options.reference_path, backend->device_model());  // a bad file fails first
-
   BenchResult r;
-  r.device = config.job.device;
   r.gpu_name = backend->device_model();
+  const std::optional<ReferenceTable> references = reference_table(options.reference_path, r.gpu_name);  // a bad file fails first
+
+  r.device = config.job.device;
   r.precision = precision_label(config);
   r.policy = plan.options.policy.str();
   r.batch = shape.batch;
