@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -130,11 +131,25 @@ TEST(PyTorchReferenceScript, TheTableItWritesIsOneSmeltBenchMatches) {
       "runs = [(('bf16', 'none', 'none'), {'tokens_per_second': " + std::to_string(speed / 2) + ", 'peak_gb': 1.0}),\n"
       "        (('bf16', 'block', 'none'), {'tokens_per_second': " + std::to_string(speed) + ", 'peak_gb': " +
       std::to_string(gb) + "}),\n"
-      "        (('bf16', 'block', 'selective-op'), {'tokens_per_second': 7.0, 'peak_gb': 1.0})]\n"
+      "        (('bf16', 'block', 'selective-op'), {'tokens_per_second': 7.0, 'peak_gb': 1.0}),\n"
+      "        (('fp8-tensorwise', 'linear', 'selective-op'), {'tokens_per_second': 5.0, 'peak_gb': 1.0}),\n"
+      "        (('fp8-rowwise', 'block', 'none'), {'tokens_per_second': 6.0, 'peak_gb': 1.0}),\n"
+      "        (('fp8-rowwise', 'none', 'none'), {'tokens_per_second': 4.0, 'peak_gb': 1.0})]\n"
       "open('" + table + "', 'w').write(m.table_text(name, shapes, batch, seq_len, runs, 'PyTorch, a test', 'cpu'))\n";
   const std::string script_file = folder.write("write_table.py", program);
   auto written = run_command("python3 " + script_file);
   ASSERT_EQ(written.exit_code, 0) << written.output;
+
+  // Each float8 run names the fusion it compares with: whole blocks compiled "full", linear layers
+  // compiled alone "linear", eager none.
+  std::ifstream written_table(table);
+  const std::string text((std::istreambuf_iterator<char>(written_table)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("precision = \"fp8-tensorwise\"\nactivation_checkpoint = \"selective-op\"\n"
+                      "compile = \"linear layers only\"\nfusion = \"linear\"\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("compile = \"full (per block)\"\nfusion = \"full\"\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("compile = \"none (eager)\"\nfusion"), std::string::npos) << text;
+  EXPECT_EQ(text.find("precision = \"bf16\"\nactivation_checkpoint = \"none\"\ncompile = \"full (per block)\"\nfusion"),
+            std::string::npos) << text;
 
   const std::string output = folder.path("bench.json");
   auto bench = run_command(smelt + " bench --config " + config.string() + " --steps 1 --warmup 0 --reference " +
