@@ -351,7 +351,8 @@ TEST(Cli, PlanSetsThePredictionBesidePyTorchsRunOfTheSameStep) {
   const auto linear = run_json(proxy + " --float8.fusion=linear");
   const auto h100 = run_json(proxy + " --float8.fusion=linear --gpu h100");
   const auto h100_bf16 = run_json(proxy + " --float8.recipe=none --gpu h100");
-  ASSERT_FALSE(full.is_null() || linear.is_null() || h100.is_null() || h100_bf16.is_null());
+  const auto h100_blockwise = run_json(proxy + " --float8.recipe=blockwise --gpu h100");
+  ASSERT_FALSE(full.is_null() || linear.is_null() || h100.is_null() || h100_bf16.is_null() || h100_blockwise.is_null());
   for (const auto* j : {&full, &linear}) {
     const auto& reference = (*j)["reference"];
     ASSERT_TRUE(reference.is_object()) << j->dump(2);
@@ -363,11 +364,18 @@ TEST(Cli, PlanSetsThePredictionBesidePyTorchsRunOfTheSameStep) {
   EXPECT_EQ(full["reference"]["compile"], "full (per block)");
   EXPECT_EQ(linear["reference"]["compile"], "linear layers only");
   EXPECT_LT(linear["reference"]["tokens_per_second"].get<double>(), full["reference"]["tokens_per_second"].get<double>());
-  EXPECT_TRUE(h100["reference"].is_null()) << h100["reference"].dump();
-  // On an H100, the H100's own PyTorch run (configs/reference/pytorch_h100.toml).
-  const auto& on_h100 = h100_bf16["reference"];
-  ASSERT_TRUE(on_h100.is_object()) << h100_bf16.dump(2);
-  EXPECT_NE(on_h100["entry"].get<std::string>().find("pytorch_h100.toml"), std::string::npos) << on_h100.dump();
-  EXPECT_EQ(on_h100["precision"], "bf16");
-  EXPECT_EQ(on_h100["activation_checkpoint"], "selective-op");
+  // The H100 table has no blockwise run (torchao's float8 training has no such recipe).
+  EXPECT_TRUE(h100_blockwise["reference"].is_null()) << h100_blockwise["reference"].dump();
+  // On an H100, the H100's own PyTorch runs (configs/reference/pytorch_h100.toml), bf16 and float8.
+  for (const auto* j : {&h100_bf16, &h100}) {
+    const auto& on_h100 = (*j)["reference"];
+    ASSERT_TRUE(on_h100.is_object()) << j->dump(2);
+    EXPECT_NE(on_h100["entry"].get<std::string>().find("pytorch_h100.toml"), std::string::npos) << on_h100.dump();
+    EXPECT_EQ(on_h100["activation_checkpoint"], "selective-op");
+    EXPECT_NE(on_h100["tokens_per_second"], linear["reference"]["tokens_per_second"]) << "the H200's run";
+  }
+  EXPECT_EQ(h100_bf16["reference"]["precision"], "bf16");
+  EXPECT_EQ(h100["reference"]["precision"], "fp8-tensorwise");
+  EXPECT_EQ(h100["reference"]["compile"], "linear layers only");
+  EXPECT_EQ(h100["reference"]["fusion"], "linear");
 }
