@@ -21,6 +21,13 @@ TensorView TensorView::row_slice(int64_t first, int64_t count) const {
   return TensorView(base, dtype, Shape{count, cols()}, device);
 }
 
+TensorView TensorView::elements(int64_t first, int64_t count) const {
+  SMELT_CHECK(first >= 0 && count >= 0 && first + count <= numel(),
+              "elements [" + std::to_string(first) + ", " + std::to_string(first + count) + ") of " + str());
+  return TensorView(static_cast<char*>(data) + static_cast<size_t>(first) * dtype_size(dtype), dtype, Shape{count},
+                    device);
+}
+
 std::string TensorView::str() const {
   return std::string(dtype_name(dtype)) + shape.str() + (device == Device::cpu ? "@cpu" : "@cuda");
 }

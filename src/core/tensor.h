@@ -64,6 +64,8 @@ struct TensorView {
   TensorView reshaped(Shape s) const;
   // Rows [first, first + count) of the matrix view (rows x cols).
   TensorView row_slice(int64_t first, int64_t count) const;
+  // Elements [first, first + count) of the view in memory order, as a 1-D view.
+  TensorView elements(int64_t first, int64_t count) const;
   std::string str() const;  // "bf16(8192, 4096)@cuda"
 };
 

@@ -157,6 +157,10 @@ struct ParameterRun {
   int32_t amax_slot = -1;
   bool low_grad = false;    // the gradients are in AdamwArgs::low_grads (bf16), not grads
   int64_t grad_offset = -1;  // -1: at `begin` of grads (a gradient buffer laid out like the parameters)
+  // The gradients have a buffer of their own (StepPlan::embedding_gradient), from grad_offset 0:
+  // AdamW is called for such a run alone, with that buffer as grads; a run list handed to AdamW
+  // holds none.
+  bool own_grad = false;
   bool copied() const { return copy_offset >= 0; }
   int64_t gradient_offset() const { return grad_offset >= 0 ? grad_offset : begin; }
 };

@@ -99,6 +99,9 @@ void expect_gradient_runs(const AdamwArgs& args, int64_t alignment, const char* 
     const std::string where = std::string(op) + ": copy_ranges[" + std::to_string(r) + "] {begin " +
                               std::to_string(run.begin) + ", count " + std::to_string(run.count) + ", grad_offset " +
                               std::to_string(run.grad_offset) + (run.low_grad ? ", low_grad}" : "}");
+    if (run.own_grad)
+      fail(ErrorKind::internal, where + ": a run with a gradient buffer of its own; call AdamW for it alone, "
+                                        "with that buffer as grads and no copy_ranges");
     if (run.low_grad && run.grad_offset < 0)
       fail(ErrorKind::internal, where + ": a run with its gradients in low_grads needs a grad_offset");
     if (run.gradient_offset() % alignment != 0)

@@ -179,6 +179,29 @@ std::string compute_copy_summary(const StepPlan& plan) {
   return out.str();
 }
 
+// Where the gradients live, for unsharded plans that split them: "block linears' ... in bf16 (4.23
+// GiB, ...), the norms' in f32 (64.0 KiB); the embedding's in f32 (1.96 GiB), only from its
+// backward to the optimizer; ...". Empty when one buffer holds every gradient for the whole step.
+std::string gradient_summary(const StepPlan& plan) {
+  if (plan.linear_gradients < 0 && plan.embedding_gradient < 0) return {};
+  const bool low_output = plan.linear_gradients >= 0 && plan.compute_copy_ranges.back().low_grad;
+  const bool own_embedding = plan.embedding_gradient >= 0;
+  auto size_of = [&](int id) { return format_bytes(plan.buffers[size_t(id)].request.bytes); };
+  std::ostringstream out;
+  if (plan.linear_gradients >= 0)
+    out << "block linears'" << (low_output ? " and output's (one loss chunk)" : "") << " in bf16 ("
+        << size_of(plan.linear_gradients) << ", what their grad-weight GEMMs round to), ";
+  const char* shared = plan.linear_gradients < 0 ? "the others'"
+                       : own_embedding           ? (low_output ? "the norms'" : "the norms' and output's")
+                                                 : (low_output ? "the embedding's and norms'" : "the embedding's, norms' and output's");
+  out << shared << " in " << dtype_name(plan.buffers[size_t(plan.gradients)].dtype) << " (" << size_of(plan.gradients) << ")";
+  if (own_embedding)
+    out << "; the embedding's in " << dtype_name(plan.buffers[size_t(plan.embedding_gradient)].dtype) << " ("
+        << size_of(plan.embedding_gradient) << "), live only from its backward to the optimizer";
+  if (plan.linear_gradients >= 0) out << "; training.linear_grad_dtype = float32 keeps all in f32";
+  return out.str();
+}
+
 }  // namespace
 
 std::string format_plan(const StepPlan& plan, bool list_steps, const PlanTime* time) {
@@ -191,15 +214,7 @@ std::string format_plan(const StepPlan& plan, bool list_steps, const PlanTime* t
     out << "comms:   " << communication_summary(plan) << "\n";
   }
   if (plan.compute_weights >= 0) out << "weights: " << compute_copy_summary(plan) << "\n";
-  if (plan.linear_gradients >= 0)
-    out << "grads:   block linears'" << (plan.compute_copy_ranges.back().low_grad ? " and output's (one loss chunk)" : "")
-        << " in bf16 (" << format_bytes(plan.buffers[size_t(plan.linear_gradients)].request.bytes)
-        << ", what their grad-weight GEMMs round to), "
-        << (plan.compute_copy_ranges.back().low_grad ? "the embedding's and norms'" : "the embedding's, norms' and output's")
-        << " in "
-        << dtype_name(plan.buffers[size_t(plan.gradients)].dtype) << " ("
-        << format_bytes(plan.buffers[size_t(plan.gradients)].request.bytes)
-        << "); training.linear_grad_dtype = float32 keeps all in f32\n";
+  if (const std::string grads = gradient_summary(plan); !grads.empty()) out << "grads:   " << grads << "\n";
   if (plan.float8_scratch >= 0) {
     out << "float8:  recipe " << float8_recipe_name(plan.options.float8.recipe)
         << (plan.float8_weights >= 0 && float8_transposes_per_use(plan.options.float8)
@@ -348,6 +363,10 @@ nlohmann::json plan_to_json(const StepPlan& plan, bool list_steps, const PlanTim
   // "per_step" (the output head casts it), "none" (no compute copy, or a sharded plan's gathers).
   const bool persistent_output = !plan.compute_copy_ranges.empty() && plan.compute_copy_ranges.back().copied();
   j["output_weight_copy"] = plan.output_weight >= 0 ? "per_step" : persistent_output ? "persistent" : "none";
+  // "backward_to_optimizer": the embedding's gradient has a buffer of its own, live from its
+  // backward to the optimizer; "whole_step": it shares the persistent gradient buffer.
+  if (plan.gradients >= 0)
+    j["embedding_gradient_live"] = plan.embedding_gradient >= 0 ? "backward_to_optimizer" : "whole_step";
   j["linear_gradients_dtype"] = std::string(dtype_name(plan.linear_gradients >= 0 ? plan.buffers[size_t(plan.linear_gradients)].dtype
                                                                                    : plan.buffers[size_t(plan.gradients)].dtype));
   j["data_parallel_shard_degree"] = plan.options.shard_degree;

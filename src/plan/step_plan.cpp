@@ -93,7 +93,8 @@ int64_t StepPlan::compute_copy_offset(const ParameterInfo& info) const {
 StepPlan::GradientPlace StepPlan::gradient_place(const ParameterInfo& info) const {
   if (compute_copy_ranges.empty()) return {gradients, info.offset};
   const ParameterRun& run = run_holding(info, "gradient_place");
-  return {run.low_grad ? linear_gradients : gradients, run.gradient_offset() + (info.offset - run.begin)};
+  const int buffer = run.own_grad ? embedding_gradient : run.low_grad ? linear_gradients : gradients;
+  return {buffer, run.gradient_offset() + (info.offset - run.begin)};
 }
 
 namespace {
@@ -119,10 +120,15 @@ bool low_precision_linear_grads(const PlanOptions& options) {
          options.compute_dtype == DType::bf16 && options.linear_grad_dtype == DType::bf16;
 }
 
+bool separate_embedding_gradient(const PlanOptions& options) {
+  return packed_compute_copy(options) && !options.forward_only && options.replicate_degree == 1 &&
+         options.microbatches == 1;
+}
+
 int64_t gradient_elements(const std::vector<ParameterRun>& ranges, bool low) {
   int64_t total = 0;
   for (const auto& r : ranges)
-    if (r.low_grad == low) total += r.count;
+    if (r.low_grad == low && !r.own_grad) total += r.count;
   return total;
 }
 
@@ -143,6 +149,7 @@ std::vector<ParameterRun> compute_copy_ranges(const ModelConfig& model, const Pl
   const bool low_grads = low_precision_linear_grads(options);
   // The output projection's gradient is written once when the head runs in one loss chunk.
   const bool low_output_grad = low_grads && options.loss_chunk_tokens >= options.shape.tokens();
+  const bool own_embedding_grad = separate_embedding_gradient(options);
   std::vector<ParameterRun> ranges;
   int64_t copy_total = 0, grad_total = 0, low_grad_total = 0;
   for (size_t index = 0; index < parameters.size(); ++index) {
@@ -162,8 +169,12 @@ std::vector<ParameterRun> compute_copy_ranges(const ModelConfig& model, const Pl
     }
     const int64_t begin = parameters[index].offset;
     const int64_t end = index + 1 < parameters.size() ? parameters[index + 1].offset : layout.total();
+    if (index == 0 && own_embedding_grad) {  // the embedding's gradient, in a buffer of its own
+      ranges.push_back({begin, end - begin, -1, -1, false, 0, true});
+      continue;
+    }
     if (!ranges.empty() && ranges.back().copied() == keep && slot < 0 && ranges.back().amax_slot < 0 &&
-        ranges.back().low_grad == low) {
+        ranges.back().low_grad == low && !ranges.back().own_grad) {
       ranges.back().count = end - ranges.back().begin;
     } else {
       ranges.push_back({begin, end - begin, keep ? copy_total : -1, slot, low, low ? low_grad_total : grad_total});
@@ -325,15 +336,27 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
   plan.parameters = b.buffer(master == master_dtype(compute) ? "parameters (master)"
                                                               : "parameters (" + std::string(dtype_name(master)) + ")",
                              master, flat, BufferClass::parameters, true);
+  const bool own_embedding_grad = training && separate_embedding_gradient(options);
+  if (own_embedding_grad) {  // not persistent: live from the embedding's backward to the optimizer
+    const ParameterRun& run = plan.compute_copy_ranges.front();
+    SMELT_CHECK(run.own_grad && run.begin == 0, "build_step_plan: the embedding's run has no gradient buffer of its own");
+    plan.embedding_gradient = b.buffer("gradients (embedding, from its backward to the optimizer)", master,
+                                       Shape{run.count}, BufferClass::gradients);
+  }
   if (training && low_precision_linear_grads(options)) {
     const bool output_too = plan.compute_copy_ranges.back().low_grad;  // the output projection is the last run
-    plan.gradients = b.buffer(output_too ? "gradients (embedding, norms)" : "gradients (embedding, norms, output)",
-                              master, Shape{gradient_elements(plan.compute_copy_ranges, false)}, BufferClass::gradients,
-                              true);
+    const std::string f32 = own_embedding_grad ? (output_too ? "gradients (norms)" : "gradients (norms, output)")
+                                               : (output_too ? "gradients (embedding, norms)"
+                                                             : "gradients (embedding, norms, output)");
+    plan.gradients = b.buffer(f32, master, Shape{gradient_elements(plan.compute_copy_ranges, false)},
+                              BufferClass::gradients, true);
     plan.linear_gradients = b.buffer(output_too ? "gradients (block linears and output, bf16)"
                                                 : "gradients (block linears, bf16)",
                                      DType::bf16,
                                      Shape{gradient_elements(plan.compute_copy_ranges, true)}, BufferClass::gradients, true);
+  } else if (own_embedding_grad) {
+    plan.gradients = b.buffer("gradients (all but the embedding)", master,
+                              Shape{gradient_elements(plan.compute_copy_ranges, false)}, BufferClass::gradients, true);
   } else if (training) {
     plan.gradients = b.buffer("gradients", master, flat, BufferClass::gradients, true);
   }
@@ -534,13 +557,14 @@ StepPlan build_step_plan(const ModelConfig& model, const PlanOptions& options) {
     }
     shard.reduce_scatter(shard.block_unit(i));
   }
-  b.emit(shard.tag({StepKind::embedding_backward}, -1, true, shard.embedding_unit()), {plan.tokens, plan.residual_gradient});
+  b.emit(shard.tag({StepKind::embedding_backward}, -1, true, shard.embedding_unit()),
+         {plan.tokens, plan.residual_gradient, plan.embedding_gradient});
   shard.reduce_scatter(shard.embedding_unit());
-  b.emit({StepKind::gradient_norm}, {plan.gradients, plan.linear_gradients, plan.grad_sum_squares});
+  b.emit({StepKind::gradient_norm}, {plan.gradients, plan.linear_gradients, plan.embedding_gradient, plan.grad_sum_squares});
   shard.all_reduce(StepKind::all_reduce_gradient_norm, plan.grad_sum_squares);
   // The optimizer also writes the compute copy of the weights (the cast is fused into it).
-  b.emit({StepKind::optimizer}, {plan.parameters, plan.gradients, plan.linear_gradients, plan.exp_avg, plan.exp_avg_sq,
-                                 plan.compute_weights, plan.float8_weight_amax});
+  b.emit({StepKind::optimizer}, {plan.parameters, plan.gradients, plan.linear_gradients, plan.embedding_gradient,
+                                 plan.exp_avg, plan.exp_avg_sq, plan.compute_weights, plan.float8_weight_amax});
   if (plan.float8_weights >= 0)  // the float8 weight copies of the next step, from the updated master weights
     b.emit({StepKind::cast_weights}, {plan.parameters, plan.float8_weights, plan.float8_weight_scales,
                                       plan.float8_statistics, plan.float8_weight_amax});

@@ -180,6 +180,10 @@ struct StepPlan {
   // (low_precision_linear_grads) in `linear_gradients`, each packed in parameter order.
   std::vector<ParameterRun> compute_copy_ranges;
   int linear_gradients = -1;
+  // separate_embedding_gradient plans: the embedding's f32 gradient, live only from its backward
+  // to the optimizer (its run of compute_copy_ranges has own_grad), so it is not held through the
+  // forward and the rest of the backward (-1 otherwise: in `gradients`).
+  int embedding_gradient = -1;
   // Unsharded plans with a compute copy: the output projection in the compute dtype, cast from the
   // master by the output-head step and live only during it (-1 otherwise: read from compute_weights).
   int output_weight = -1;
@@ -250,8 +254,8 @@ struct StepPlan {
   // (elements), or -1 when it has none (no compute copy, the embedding, float8 linears, the output
   // projection): its readers take the master weights (the output head: output_weight).
   int64_t compute_copy_offset(const ParameterInfo& info) const;
-  // Unsharded plans: the buffer holding parameter `info`'s gradient (gradients or
-  // linear_gradients) and the element it starts at there.
+  // Unsharded plans: the buffer holding parameter `info`'s gradient (gradients, linear_gradients
+  // or embedding_gradient) and the element it starts at there.
   struct GradientPlace {
     int buffer = -1;
     int64_t offset = 0;
@@ -293,7 +297,14 @@ std::vector<ParameterRun> compute_copy_ranges(const ModelConfig& model, const Pl
 // plans of one rank's whole model (neither sharded nor replicated) and one microbatch per step,
 // with a bf16 compute dtype, that ask for it.
 bool low_precision_linear_grads(const PlanOptions& options);
-// Gradient elements the runs place in bf16 (low) or in the master dtype.
+// True when the embedding's gradient has a buffer of its own (StepPlan::embedding_gradient) live
+// from the embedding's backward to the optimizer: plans with a packed compute copy (unsharded, a
+// compute dtype other than the master's), not replicated, one microbatch per step (accumulated
+// gradients must outlive the pass), training. Nothing reads it before the embedding's backward, the
+// step's last gradient, so the forward and the rest of the backward run without it.
+bool separate_embedding_gradient(const PlanOptions& options);
+// Gradient elements the runs place in bf16 (low) or in the master dtype's shared buffer (runs with
+// own_grad are in neither).
 int64_t gradient_elements(const std::vector<ParameterRun>& ranges, bool low);
 // True when AdamW takes the tensorwise amax of every float8 linear's updated master weight (copy
 // runs with amax slots, StepPlan::float8_weight_amax) and the weight cast skips its amax pass:

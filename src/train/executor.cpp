@@ -22,6 +22,17 @@ Executor::Executor(const StepPlan& plan, Backend& backend, Communicator* communi
                                                    " microbatches per step");
   context_.microbatches = plan_.options.microbatches;
   context_.rope_frequencies = view(plan_.rope_frequencies);
+  if (plan_.embedding_gradient >= 0) {  // AdamW's second call: the runs after the embedding's (run_adamw_split)
+    const ParameterRun& embedding = plan_.compute_copy_ranges.front();
+    SMELT_CHECK(embedding.own_grad && embedding.begin == 0, "executor: the embedding's run has no gradient buffer of its own");
+    SMELT_CHECK(embedding.amax_slot < 0, "executor: the embedding's run has an amax slot");
+    if (embedding.copied()) embedding_run_.push_back({0, embedding.count, embedding.copy_offset});
+    for (size_t r = 1; r < plan_.compute_copy_ranges.size(); ++r) {
+      ParameterRun run = plan_.compute_copy_ranges[r];
+      run.begin -= embedding.count;
+      runs_after_embedding_.push_back(run);
+    }
+  }
   if (plan_.workspace >= 0) backend_.set_workspace(view(plan_.workspace));
   setup_float8();
   std::vector<float> rope(static_cast<size_t>(view(plan_.rope_frequencies).numel()));
@@ -49,13 +60,9 @@ void Executor::fill_compute_copy() {
   if (plan_.compute_weights < 0) return;
   const TensorView parameters = view(plan_.parameters), copy = view(plan_.compute_weights);
   if (plan_.compute_copy_ranges.empty()) return backend_.convert({parameters, copy});
-  auto span = [](const TensorView& flat, int64_t offset, int64_t count) {
-    return TensorView(static_cast<char*>(flat.data) + static_cast<size_t>(offset) * dtype_size(flat.dtype), flat.dtype,
-                      Shape{count}, flat.device);
-  };
   for (const ParameterRun& range : plan_.compute_copy_ranges)
     if (range.copied())
-      backend_.convert({span(parameters, range.begin, range.count), span(copy, range.copy_offset, range.count)});
+      backend_.convert({parameters.elements(range.begin, range.count), copy.elements(range.copy_offset, range.count)});
 }
 
 TensorView Executor::grad_view(const ParameterInfo& info, const Step& step) const {
@@ -227,9 +234,18 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
       select_float8_scratch(step);
       run_backward_op(static_cast<BackwardOp>(step.op), layer_views(step), context_);
       return;
-    case StepKind::embedding_backward: embedding_backward(head_views(step), context_); return;
+    case StepKind::embedding_backward:
+      if (plan_.embedding_gradient >= 0) {  // its buffer is not held across steps: zero the padding after the table
+        const TensorView all = view(plan_.embedding_gradient);
+        const int64_t used = layout_.embedding().numel();
+        if (all.numel() > used) backend_.fill(all.elements(used, all.numel() - used), 0.0f);
+      }
+      embedding_backward(head_views(step), context_);
+      return;
     case StepKind::gradient_norm:
-      backend_.sum_squares({view(plan_.gradients), view(plan_.grad_sum_squares), false});
+      if (plan_.embedding_gradient >= 0)
+        backend_.sum_squares({view(plan_.embedding_gradient), view(plan_.grad_sum_squares), false});
+      backend_.sum_squares({view(plan_.gradients), view(plan_.grad_sum_squares), plan_.embedding_gradient >= 0});
       if (plan_.linear_gradients >= 0)
         backend_.sum_squares({view(plan_.linear_gradients), view(plan_.grad_sum_squares), true});
       return;
@@ -253,6 +269,7 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
         a.copy_ranges = plan_.compute_copy_ranges;
       }
       if (plan_.float8_weight_amax >= 0) a.weight_amax = view(plan_.float8_weight_amax);
+      if (plan_.embedding_gradient >= 0) return run_adamw_split(a);
       backend_.adamw(a);
       return;
     }
@@ -471,6 +488,28 @@ static double read_scalar(Backend& backend, const TensorView& v) {
 }
 
 double Executor::loss() { return read_scalar(backend_, view(plan_.loss)); }
+
+void Executor::run_adamw_split(const AdamwArgs& all) {
+  // The embedding, whose gradient has a buffer of its own: its own call, over the first run (its
+  // gradients laid out like its parameters; copied only where a plan gives it a copy).
+  const ParameterRun& embedding = plan_.compute_copy_ranges.front();
+  const int64_t rest = all.params.numel() - embedding.count;
+  AdamwArgs first = all;
+  for (TensorView AdamwArgs::*part : {&AdamwArgs::params, &AdamwArgs::exp_avg, &AdamwArgs::exp_avg_sq})
+    first.*part = (all.*part).elements(0, embedding.count);
+  first.grads = view(plan_.embedding_gradient);
+  first.low_grads = first.weight_amax = TensorView();
+  first.copy_ranges = embedding_run_;
+  if (!embedding.copied()) first.compute_copy = TensorView();
+  backend_.adamw(first);
+  // Everything after it, with the runs counted from the embedding's end (their copy and gradient
+  // offsets are into buffers that never held the embedding).
+  AdamwArgs second = all;
+  for (TensorView AdamwArgs::*part : {&AdamwArgs::params, &AdamwArgs::exp_avg, &AdamwArgs::exp_avg_sq})
+    second.*part = (all.*part).elements(embedding.count, rest);
+  second.copy_ranges = runs_after_embedding_;
+  backend_.adamw(second);
+}
 
 double Executor::gradient_norm() {
   SMELT_CHECK(plan_.grad_sum_squares >= 0, "executor: a forward-only plan has no gradient norm");

@@ -133,6 +133,9 @@ class Executor {
   TensorView unit_buffer(int buffer, const ShardUnit& unit) const;  // the unit's whole (padded) range in `buffer`
   // Unsharded: the compute copy (compute_weights) from the master weights, over the runs that have one.
   void fill_compute_copy();
+  // AdamW where the embedding's gradient has a buffer of its own (StepPlan::embedding_gradient):
+  // one call over the embedding, one over the rest with runs_after_embedding_.
+  void run_adamw_split(const AdamwArgs& all);
 
   // Float8 (executor_float8.cpp): the scratch in the model context, each float8 linear's weight
   // copies and saved amax, and the cast of the weight copies from the master weights.
@@ -197,6 +200,9 @@ class Executor {
   // shard (a later microbatch's) or written over it (the step's first); set when it is issued.
   std::array<bool, 2> receiving_adds_{false, false};
   int64_t microbatch_ = 0;                        // the microbatch running (0 with one per step)
+  // run_adamw_split: the first call's run (only where the embedding has a copy), and the second's
+  // runs, begin counted from the embedding's end.
+  std::vector<ParameterRun> embedding_run_, runs_after_embedding_;
   std::array<int, 2> float8_unpack_unit_{-1, -1}; // float8 all-gather: the unit whose norms each slot awaits
   Float8Scratch float8_forward_scratch_, float8_backward_scratch_;
   int float8_transposed_layer_ = -1;              // the layer whose W^T copies are made

@@ -12,11 +12,7 @@ namespace smelt {
 namespace {
 
 // Elements [offset, offset + count) of a flat view.
-TensorView flat_slice(const TensorView& v, int64_t offset, int64_t count) {
-  SMELT_CHECK(offset >= 0 && offset + count <= v.numel(), "flat_slice out of range of " + v.str());
-  return TensorView(static_cast<char*>(v.data) + static_cast<size_t>(offset) * dtype_size(v.dtype), v.dtype,
-                    Shape{count}, v.device);
-}
+TensorView flat_slice(const TensorView& v, int64_t offset, int64_t count) { return v.elements(offset, count); }
 
 }  // namespace
 

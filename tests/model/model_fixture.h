@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/numerics.h"
 #include "core/random.h"
 #include "cpu/cpu_backend.h"
 #include "support/fresh_random.h"
@@ -92,6 +93,42 @@ struct TinyRun {
     for (auto& t : inputs) t = static_cast<int32_t>(random.below(static_cast<uint64_t>(plan.model.vocab_size)));
     for (auto& t : targets) t = static_cast<int32_t>(random.below(static_cast<uint64_t>(plan.model.vocab_size)));
     executor->load_batch(inputs.data(), targets.data());
+  }
+
+  // The plan's gradient buffers: the shared one, and where the plan has them the bf16 linears' and
+  // the embedding's own.
+  std::vector<int> gradient_buffers() const {
+    std::vector<int> ids;
+    for (int id : {plan.gradients, plan.linear_gradients, plan.embedding_gradient})
+      if (id >= 0) ids.push_back(id);
+    return ids;
+  }
+  // Sets every byte of every gradient buffer (a gradient nobody writes then shows).
+  void poison_gradients(uint8_t byte) {
+    for (int id : gradient_buffers()) {
+      const TensorView v = executor->view(id);
+      std::memset(v.data, byte, v.bytes());
+    }
+  }
+  // The bytes of every gradient buffer, one after another.
+  std::vector<uint8_t> gradient_bytes() const {
+    std::vector<uint8_t> bytes;
+    for (int id : gradient_buffers()) {
+      const TensorView v = executor->view(id);
+      const auto* begin = static_cast<const uint8_t*>(v.data);
+      bytes.insert(bytes.end(), begin, begin + v.bytes());
+    }
+    return bytes;
+  }
+  // Element i of parameter p's gradient, wherever the plan keeps it (f64, f32 or bf16).
+  double gradient(const ParameterInfo& p, int64_t i) const {
+    const StepPlan::GradientPlace place = plan.gradient_place(p);
+    const TensorView buffer = executor->view(place.buffer);
+    switch (buffer.dtype) {
+      case DType::f64: return buffer.as<double>()[place.offset + i];
+      case DType::bf16: return bf16_to_float(buffer.as<uint16_t>()[place.offset + i]);
+      default: return buffer.as<float>()[place.offset + i];
+    }
   }
 
   // Forward, backward and the loss, without the optimizer.

@@ -22,13 +22,6 @@ bool block_linear(size_t index, const ModelConfig& model) {
   return weight != LayerWeight::attn_norm && weight != LayerWeight::ffn_norm;
 }
 
-// A plan's gradient of parameter p, element i, as a double.
-double gradient(TinyRun& run, const ParameterInfo& p, int64_t i) {
-  const StepPlan::GradientPlace place = run.plan.gradient_place(p);
-  const TensorView buffer = run.executor->view(place.buffer);
-  if (buffer.dtype == DType::bf16) return bf16_to_float(buffer.as<uint16_t>()[place.offset + i]);
-  return buffer.as<float>()[place.offset + i];
-}
 
 // A bf16 run of two blocks (16 tokens), planned again with `recipe` and f32 or bf16 linear
 // gradients; a loss chunk of 16 tokens puts the output projection's gradient in bf16 too.
@@ -63,7 +56,7 @@ void expect_rounded_linear_gradients(Float8Recipe recipe, int64_t loss_chunk = 3
     const bool is_linear = block_linear(index, model) || (output_rounded && index + 1 == layout.parameters().size());
     ASSERT_EQ(low.plan.gradient_place(p).buffer == low.plan.linear_gradients, is_linear) << p.name;
     for (int64_t i = 0; i < p.numel(); ++i) {
-      const double want = gradient(wide, p, i), got = gradient(low, p, i);
+      const double want = wide.gradient(p, i), got = low.gradient(p, i);
       sum_squares += got * got;
       if (!is_linear) {
         ASSERT_EQ(float(got), float(want)) << p.name << " element " << i << ": not a linear, so not rounded";

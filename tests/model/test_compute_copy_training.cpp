@@ -19,13 +19,17 @@ using testing::tiny_model;
 using testing::Trajectory;
 
 // The plan as it was before the copy shrank: compute_weights a bf16 copy of every parameter (the
-// embedding gathered from it, AdamW writing all of it), the arena packed again.
+// embedding gathered from it, AdamW writing all of it), the arena packed again. The runs stay, each
+// copied where it lies in the flat layout, so every gradient stays where the plan put it.
 void widen_compute_copy(TinyRun& run) {
   run.executor.reset();
   StepPlan& plan = run.plan;
   ASSERT_GE(plan.compute_weights, 0);
   ASSERT_FALSE(plan.compute_copy_ranges.empty());
-  plan.compute_copy_ranges.clear();
+  for (ParameterRun& r : plan.compute_copy_ranges) {
+    r.copy_offset = r.begin;
+    r.amax_slot = -1;
+  }
   plan.float8_weight_amax = -1;  // no run of its own per float8 weight: the cast takes its amax
   plan.output_weight = -1;  // the output head reads the persistent copy (its own buffer stays, unused)
   auto& buffer = plan.buffers[size_t(plan.compute_weights)];

@@ -384,11 +384,9 @@ void expect_float8_policies_bit_identical(Float8Recipe recipe) {
     use_float8(run, recipe);
     run.initialise(21);
     run.load_random_batch(22);
-    TensorView grads = run.executor->view(run.plan.gradients);
-    std::memset(grads.data, 0x7f, grads.bytes());
+    run.poison_gradients(0x7f);
     run.forward_backward();
-    const auto* begin = static_cast<const uint8_t*>(grads.data);
-    std::vector<uint8_t> bytes(begin, begin + grads.bytes());
+    const std::vector<uint8_t> bytes = run.gradient_bytes();
     if (reference.empty()) {
       reference = bytes;
       reference_loss = run.executor->loss();

@@ -167,8 +167,8 @@ TEST(ComputeCopy, PlansWithoutACopyOrShardedOnesAreUnchanged) {
   EXPECT_EQ(plan.buffers[size_t(plan.compute_weights)].shape.numel(), plan.local_parameter_count());
 }
 
-// bf16 linear gradients: every block linear's gradient in linear_gradients (bf16), everything
-// else's in gradients, each packed in parameter order without overlap; the step's gradient memory
+// bf16 linear gradients: every block linear's gradient in linear_gradients (bf16), the embedding's
+// in its own buffer, everything else's in gradients, each packed in parameter order without overlap; the step's gradient memory
 // smaller by two bytes per linear element; the gradient norm and AdamW read both buffers; and the
 // cost model counts two bytes less per linear element for each. f32 and sharded plans ignore it.
 TEST(ComputeCopy, Bf16LinearGradientsArePackedApartFromTheOthers) {
@@ -193,16 +193,26 @@ TEST(ComputeCopy, Bf16LinearGradientsArePackedApartFromTheOthers) {
       const bool linear = i > 0 && block < model.n_layers * kLayerWeightCount &&
                           static_cast<LayerWeight>(block % kLayerWeightCount) != LayerWeight::attn_norm &&
                           static_cast<LayerWeight>(block % kLayerWeightCount) != LayerWeight::ffn_norm;
-      const StepPlan::GradientPlace place = plan.gradient_place(p);
+      const StepPlan::GradientPlace place = plan.gradient_place(p), flat = wide.gradient_place(p);
+      if (i == 0) {  // the embedding: a buffer of its own in both
+        for (const StepPlan* each : {&plan, &wide}) {
+          const StepPlan::GradientPlace own = each->gradient_place(p);
+          ASSERT_GE(each->embedding_gradient, 0);
+          EXPECT_EQ(own.buffer, each->embedding_gradient);
+          EXPECT_EQ(own.offset, 0);
+          EXPECT_EQ(each->buffers[size_t(each->embedding_gradient)].shape.numel(), layout.parameters()[1].offset);
+        }
+        continue;
+      }
       EXPECT_EQ(place.buffer, linear ? plan.linear_gradients : plan.gradients) << p.name;
       EXPECT_EQ(place.offset % 64, 0) << p.name;
       places[linear].emplace_back(place.offset, padded(p.numel()));
       (linear ? linear_elements : other_elements) += padded(p.numel());
-      const StepPlan::GradientPlace flat = wide.gradient_place(p);
       EXPECT_EQ(flat.buffer, wide.gradients) << p.name;
-      EXPECT_EQ(flat.offset, p.offset) << p.name << ": without bf16 gradients they are laid out like the parameters";
+      EXPECT_EQ(flat.offset, p.offset - layout.parameters()[1].offset)
+          << p.name << ": without bf16 gradients they are laid out like the parameters after the embedding";
     }
-    EXPECT_EQ(linear_elements + other_elements, layout.total());
+    EXPECT_EQ(linear_elements + other_elements + layout.parameters()[1].offset, layout.total());
     EXPECT_EQ(plan.buffers[size_t(plan.linear_gradients)].shape.numel(), linear_elements);
     EXPECT_EQ(plan.buffers[size_t(plan.gradients)].shape.numel(), other_elements);
     for (auto& list : places) {
