@@ -493,10 +493,13 @@ void Executor::run_adamw_split(const AdamwArgs& all) {
   // The embedding, whose gradient has a buffer of its own: its own call, over the first run (its
   // gradients laid out like its parameters; copied only where a plan gives it a copy).
   const ParameterRun& embedding = plan_.compute_copy_ranges.front();
-  const int64_t rest = all.params.numel() - embedding.count;
-  AdamwArgs first = all;
-  for (TensorView AdamwArgs::*part : {&AdamwArgs::params, &AdamwArgs::exp_avg, &AdamwArgs::exp_avg_sq})
-    first.*part = (all.*part).elements(0, embedding.count);
+  const auto over = [&](int64_t begin, int64_t count) {  // the update's arguments for [begin, begin + count)
+    AdamwArgs part = all;
+    for (TensorView AdamwArgs::*state : {&AdamwArgs::params, &AdamwArgs::exp_avg, &AdamwArgs::exp_avg_sq})
+      part.*state = (all.*state).elements(begin, count);
+    return part;
+  };
+  AdamwArgs first = over(0, embedding.count);
   first.grads = view(plan_.embedding_gradient);
   first.low_grads = first.weight_amax = TensorView();
   first.copy_ranges = embedding_run_;
@@ -504,9 +507,7 @@ void Executor::run_adamw_split(const AdamwArgs& all) {
   backend_.adamw(first);
   // Everything after it, with the runs counted from the embedding's end (their copy and gradient
   // offsets are into buffers that never held the embedding).
-  AdamwArgs second = all;
-  for (TensorView AdamwArgs::*part : {&AdamwArgs::params, &AdamwArgs::exp_avg, &AdamwArgs::exp_avg_sq})
-    second.*part = (all.*part).elements(embedding.count, rest);
+  AdamwArgs second = over(embedding.count, all.params.numel() - embedding.count);
   second.copy_ranges = runs_after_embedding_;
   backend_.adamw(second);
 }

@@ -9,13 +9,6 @@
 
 namespace smelt {
 
-namespace {
-
-// Elements [offset, offset + count) of a flat view.
-TensorView flat_slice(const TensorView& v, int64_t offset, int64_t count) { return v.elements(offset, count); }
-
-}  // namespace
-
 void Executor::setup_sharding() {
   const int64_t shard = plan_.options.shard_degree, replicas = plan_.options.replicate_degree;
   const int64_t ranks = plan_.world_size();
@@ -79,7 +72,7 @@ TensorView Executor::unit_buffer(int buffer, const ShardUnit& unit) const {
   // reduce-scatter buffer holding one unit from its start.
   const bool local = buffer == plan_.parameters || buffer == plan_.compute_weights || buffer == plan_.gradients;
   SMELT_CHECK(!local || shard_layout_->ranks() == 1, "unit_buffer: a flat local buffer holds a whole unit only at one rank");
-  return flat_slice(view(buffer), local ? unit.shard_offset : 0, unit.padded);
+  return view(buffer).elements(local ? unit.shard_offset : 0, unit.padded);
 }
 
 TensorView Executor::unit_view(int buffer, const ParameterInfo& info, const Step& step) const {
@@ -112,12 +105,12 @@ void Executor::finish_receive(int slot) {
   if (!sharded()) {
     const int send = plan_.reduce_send[static_cast<size_t>(slot)];
     wait_pending(send);
-    backend_.convert({flat_slice(view(send), 0, unit.length), flat_slice(view(plan_.gradients), unit.offset, unit.length)});
+    backend_.convert({view(send).elements(0, unit.length), view(plan_.gradients).elements(unit.offset, unit.length)});
     return;
   }
   const int receive = plan_.reduce_receive[static_cast<size_t>(slot)];
   wait_pending(receive);
-  backend_.convert({flat_slice(view(receive), 0, unit.shard), flat_slice(view(plan_.gradients), unit.shard_offset, unit.shard),
+  backend_.convert({view(receive).elements(0, unit.shard), view(plan_.gradients).elements(unit.shard_offset, unit.shard),
                     receiving_adds_[static_cast<size_t>(slot)]});
 }
 
@@ -139,22 +132,22 @@ void Executor::all_reduce_replicas(const Step& step) {
     if (plan_.options.microbatches > 1 || plan_.reduce_receive[0] < 0) {
       finish_receive(slot);  // nothing to add without accumulation
       const CollectiveHandle handle =
-          c.all_reduce(flat_slice(view(plan_.gradients), unit.shard_offset, unit.shard), ReduceOp::average);
+          c.all_reduce(view(plan_.gradients).elements(unit.shard_offset, unit.shard), ReduceOp::average);
       set_pending(plan_.gradients, c, handle);
       return;
     }
     const int receive = plan_.reduce_receive[static_cast<size_t>(slot)];  // the bf16 shard, before it is widened
-    set_pending(receive, c, c.all_reduce(flat_slice(view(receive), 0, unit.shard), ReduceOp::average));
+    set_pending(receive, c, c.all_reduce(view(receive).elements(0, unit.shard), ReduceOp::average));
     return;
   }
   if (step.unit_gradients < 0) {  // plain data parallel, in place
     set_pending(plan_.gradients, c,
-                c.all_reduce(flat_slice(view(plan_.gradients), unit.offset, unit.length), ReduceOp::average));
+                c.all_reduce(view(plan_.gradients).elements(unit.offset, unit.length), ReduceOp::average));
     return;
   }
   finish_receive(slot);  // the unit before last used this bf16 copy
-  const TensorView copy = flat_slice(view(step.unit_gradients), 0, unit.length);
-  backend_.convert({flat_slice(view(plan_.gradients), unit.offset, unit.length), copy});
+  const TensorView copy = view(step.unit_gradients).elements(0, unit.length);
+  backend_.convert({view(plan_.gradients).elements(unit.offset, unit.length), copy});
   set_pending(step.unit_gradients, c, c.all_reduce(copy, ReduceOp::average));
   receiving_unit_[static_cast<size_t>(slot)] = step.unit;
 }
@@ -168,20 +161,20 @@ void Executor::run_collective(const Step& step) {
       const TensorView source = view(plan_.compute_weights >= 0 ? plan_.compute_weights : plan_.parameters);
       // In place at one rank: the shard is the whole gathered unit (NCCL then moves nothing).
       set_pending(step.gathered_weights, c,
-                  c.all_gather(flat_slice(source, unit.shard_offset, unit.shard), unit_buffer(step.gathered_weights, unit)));
+                  c.all_gather(source.elements(unit.shard_offset, unit.shard), unit_buffer(step.gathered_weights, unit)));
       return;
     }
     case StepKind::reduce_scatter: {
       Communicator& c = *shard_group_;
       const ShardUnit& unit = shard_layout_->unit(step.unit);
       const TensorView gradients = unit_buffer(step.unit_gradients, unit);  // in place: the shard itself
-      for (const auto& [first, last] : unit.gaps) backend_.fill(flat_slice(gradients, first, last - first), 0.0f);
+      for (const auto& [first, last] : unit.gaps) backend_.fill(gradients.elements(first, last - first), 0.0f);
       const int slot = step.op;
       const int send = plan_.reduce_send[static_cast<size_t>(slot)];
       const int receive = plan_.reduce_receive[static_cast<size_t>(slot)];
       if (send < 0 && receive < 0) {  // gradients travel in the master dtype, straight into the shard
         const CollectiveHandle handle = c.reduce_scatter(gradients,
-                                                         flat_slice(view(plan_.gradients), unit.shard_offset, unit.shard),
+                                                         view(plan_.gradients).elements(unit.shard_offset, unit.shard),
                                                          ReduceOp::average);
         set_pending(step.unit_gradients, c, handle);
         set_pending(plan_.gradients, c, handle);  // the latest; earlier ones precede it
@@ -194,10 +187,10 @@ void Executor::run_collective(const Step& step) {
       TensorView source = gradients;
       if (send >= 0) {  // bf16: the unit's gradients narrowed into the send buffer first
         wait_pending(send);
-        source = flat_slice(view(send), 0, unit.padded);
-        backend_.convert({flat_slice(gradients, 0, unit.padded), source});
+        source = view(send).elements(0, unit.padded);
+        backend_.convert({gradients.elements(0, unit.padded), source});
       }
-      const CollectiveHandle handle = c.reduce_scatter(source, flat_slice(view(receive), 0, unit.shard), ReduceOp::average);
+      const CollectiveHandle handle = c.reduce_scatter(source, view(receive).elements(0, unit.shard), ReduceOp::average);
       set_pending(send >= 0 ? send : step.unit_gradients, c, handle);
       set_pending(receive, c, handle);
       receiving_unit_[static_cast<size_t>(slot)] = step.unit;
@@ -269,8 +262,8 @@ void Executor::gather_from_shards(int buffer, float* host) {
   for (const ShardUnit& unit : shard_layout_->units())
     for (int64_t first = 0; first < unit.shard; first += piece) {
       const int64_t count = std::min(piece, unit.shard - first);
-      const TensorView full = flat_slice(staging, 0, count * ranks);
-      c.wait(c.all_gather(flat_slice(local, unit.shard_offset + first, count), full));
+      const TensorView full = staging.elements(0, count * ranks);
+      c.wait(c.all_gather(local.elements(unit.shard_offset + first, count), full));
       c.synchronize();
       if (!host) continue;
       backend_.copy_to_host(received.data(), full);

@@ -103,6 +103,19 @@ struct TinyRun {
       if (id >= 0) ids.push_back(id);
     return ids;
   }
+  // The plan's buffer requests (live ranges and sizes as planned), to alter and pass to repack.
+  std::vector<BufferRequest> buffer_requests() const {
+    std::vector<BufferRequest> requests;
+    for (const auto& b : plan.buffers) requests.push_back(b.request);
+    return requests;
+  }
+  // Packs the arena again from `requests` (one per plan buffer) and builds the executor over it.
+  void repack(const std::vector<BufferRequest>& requests) {
+    executor.reset();
+    plan.memory = pack_buffers(requests, int(plan.steps.size()));
+    executor = std::make_unique<Executor>(plan, *backend);
+  }
+
   // Sets every byte of every gradient buffer (a gradient nobody writes then shows).
   void poison_gradients(uint8_t byte) {
     for (int id : gradient_buffers()) {

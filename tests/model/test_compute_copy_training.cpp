@@ -22,7 +22,6 @@ using testing::Trajectory;
 // embedding gathered from it, AdamW writing all of it), the arena packed again. The runs stay, each
 // copied where it lies in the flat layout, so every gradient stays where the plan put it.
 void widen_compute_copy(TinyRun& run) {
-  run.executor.reset();
   StepPlan& plan = run.plan;
   ASSERT_GE(plan.compute_weights, 0);
   ASSERT_FALSE(plan.compute_copy_ranges.empty());
@@ -36,10 +35,7 @@ void widen_compute_copy(TinyRun& run) {
   const int64_t total = ParameterLayout(plan.model).total();
   buffer.shape = Shape{total};
   buffer.request.bytes = size_t(total) * dtype_size(buffer.dtype);
-  std::vector<BufferRequest> requests;
-  for (const auto& b : plan.buffers) requests.push_back(b.request);
-  plan.memory = pack_buffers(requests, int(plan.steps.size()));
-  run.executor = std::make_unique<Executor>(run.plan, *run.backend);
+  run.repack(run.buffer_requests());
 }
 
 void use_float8(TinyRun& run, Float8Recipe recipe) {

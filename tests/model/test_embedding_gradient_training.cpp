@@ -17,15 +17,11 @@ using testing::tiny_model;
 using testing::Trajectory;
 
 void hold_embedding_gradient_whole_step(TinyRun& run) {
-  run.executor.reset();
-  StepPlan& plan = run.plan;
-  ASSERT_GE(plan.embedding_gradient, 0);
-  std::vector<BufferRequest> requests;
-  for (const auto& b : plan.buffers) requests.push_back(b.request);
-  requests[size_t(plan.embedding_gradient)].first_step = 0;
-  requests[size_t(plan.embedding_gradient)].last_step = int(plan.steps.size()) - 1;
-  plan.memory = pack_buffers(requests, int(plan.steps.size()));
-  run.executor = std::make_unique<Executor>(run.plan, *run.backend);
+  ASSERT_GE(run.plan.embedding_gradient, 0);
+  std::vector<BufferRequest> requests = run.buffer_requests();
+  requests[size_t(run.plan.embedding_gradient)].first_step = 0;
+  requests[size_t(run.plan.embedding_gradient)].last_step = int(run.plan.steps.size()) - 1;
+  run.repack(requests);
 }
 
 Trajectory train(Float8Recipe recipe, DType linear_grads, bool whole_step) {
