@@ -53,7 +53,15 @@ void write(const TensorView& out, const TensorView& x, double value, bool accumu
 
 void sum_squares(const SumSquaresArgs& args) {
   expect_host(args.x, "sum_squares", "x");
-  const double value = sum_of(args.x, "sum_squares", [](double v) { return v * v; });
+  const auto square = [](double v) { return v * v; };
+  double value = sum_of(args.x, "sum_squares", square);
+  if (!args.also.empty()) {
+    expect_host(args.also, "sum_squares", "also");
+    if ((args.also.dtype == DType::f64) != (args.x.dtype == DType::f64))
+      fail(ErrorKind::internal, "sum_squares: expected also " + args.also.str() + " in f64 exactly when x " +
+                                    args.x.str() + " is; the result's type follows both");
+    value += sum_of(args.also, "sum_squares", square);
+  }
   write(args.out, args.x, value, args.accumulate, "sum_squares");
 }
 

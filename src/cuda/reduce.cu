@@ -86,35 +86,45 @@ __global__ void reduce_finish(const double* partials, int count, float* out, dou
   if (threadIdx.x == 0) out[0] = float(sum * multiplier + (accumulate ? double(out[0]) : 0.0));
 }
 
+// The partials of x (and of also, when given: a second input whose terms join x's before the
+// one rounding) into the reduce scratch, then out[0] from them.
 template <Term term>
-void reduce(CudaContext& context, const TensorView& x, const TensorView& out, double multiplier, bool accumulate,
-            const char* op) {
+void reduce(CudaContext& context, const TensorView& x, const TensorView& also, const TensorView& out, double multiplier,
+            bool accumulate, const char* op) {
   expect_device(x, op, "x");
   expect_device(out, op, "out");
   expect_dtype(out, DType::f32, op, "out");
   expect_numel(out, 1, op, "out");
   context.require_workspace(op);
   auto* partials = reinterpret_cast<double*>(context.reduce_scratch());
-  dispatch_activation(x.dtype, op, [&](auto element) {
-    using T = decltype(element);
-    reduce_partials<T, term><<<kBlocks, kThreads, 0, context.stream>>>(x.as<T>(), x.numel(), partials);
-    SMELT_CUDA_LAUNCH_CHECK("reduce_partials");
-  });
-  reduce_finish<<<1, kThreads, 0, context.stream>>>(partials, kBlocks, out.as<float>(), multiplier, accumulate);
+  static_assert(2 * kBlocks * sizeof(double) <= kReduceScratchBytes, "the reduce scratch holds two inputs' partials");
+  int inputs = 0;
+  for (const TensorView* input : {&x, &also}) {
+    if (input->empty()) continue;
+    if (input == &also) expect_device(also, op, "also");
+    dispatch_activation(input->dtype, op, [&](auto element) {
+      using T = decltype(element);
+      reduce_partials<T, term><<<kBlocks, kThreads, 0, context.stream>>>(input->as<T>(), input->numel(),
+                                                                         partials + inputs * kBlocks);
+      SMELT_CUDA_LAUNCH_CHECK("reduce_partials");
+    });
+    ++inputs;
+  }
+  reduce_finish<<<1, kThreads, 0, context.stream>>>(partials, inputs * kBlocks, out.as<float>(), multiplier, accumulate);
   SMELT_CUDA_LAUNCH_CHECK("reduce_finish");
 }
 
 }  // namespace
 
 void sum_squares(CudaContext& context, const SumSquaresArgs& args) {
-  reduce<Term::square>(context, args.x, args.out, 1.0, args.accumulate, "sum_squares");
+  reduce<Term::square>(context, args.x, args.also, args.out, 1.0, args.accumulate, "sum_squares");
 }
 
 void mean(CudaContext& context, const MeanArgs& args) {
   if (args.x.numel() == 0)
     fail(ErrorKind::internal, "cuda mean: expected at least one element, found " + args.x.str() +
                                   "; skip empty reductions");
-  reduce<Term::value>(context, args.x, args.out, args.weight / double(args.x.numel()), args.accumulate, "mean");
+  reduce<Term::value>(context, args.x, TensorView{}, args.out, args.weight / double(args.x.numel()), args.accumulate, "mean");
 }
 
 }  // namespace smelt::cuda

@@ -135,6 +135,10 @@ struct SumSquaresArgs {
   TensorView x;    // (n) f32
   TensorView out;  // (1) f32
   bool accumulate = false;  // out[0] += ...
+  // Optional (m), f32 or bf16: its squares join x's in double before the one rounding to f32,
+  // so a sum split over two buffers rounds like the sum over one (the embedding's gradient in a
+  // buffer of its own beside the others: StepPlan::embedding_gradient).
+  TensorView also;
 };
 
 // weight * mean of x over n elements into out[0], or added to it (a step's loss over its

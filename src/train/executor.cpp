@@ -242,13 +242,16 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
       }
       embedding_backward(head_views(step), context_);
       return;
-    case StepKind::gradient_norm:
-      if (plan_.embedding_gradient >= 0)
-        backend_.sum_squares({view(plan_.embedding_gradient), view(plan_.grad_sum_squares), false});
-      backend_.sum_squares({view(plan_.gradients), view(plan_.grad_sum_squares), plan_.embedding_gradient >= 0});
+    case StepKind::gradient_norm: {
+      // The embedding's own buffer joins the others' in one reduction: one rounding to f32, as
+      // for the plans that hold every f32 gradient in one buffer.
+      SumSquaresArgs norm{view(plan_.gradients), view(plan_.grad_sum_squares), false};
+      if (plan_.embedding_gradient >= 0) norm.also = view(plan_.embedding_gradient);
+      backend_.sum_squares(norm);
       if (plan_.linear_gradients >= 0)
         backend_.sum_squares({view(plan_.linear_gradients), view(plan_.grad_sum_squares), true});
       return;
+    }
     case StepKind::optimizer: {
       AdamwArgs a;
       a.params = view(plan_.parameters);

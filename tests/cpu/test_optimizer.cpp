@@ -325,5 +325,33 @@ TEST(Reduce, SumSquaresAndMeanMatchAndIgnoreThreads) {
   EXPECT_NEAR(out.get(0), 2 * expected_sum, 2e-6 * expected_sum);
 }
 
+// A sum of squares over two buffers (x and also) rounds to f32 once, like the sum over the two
+// laid end to end: the gradient norm of a plan whose embedding gradient has a buffer of its own
+// is then the norm of the plan that holds it with the others. Summing x, rounding, and adding
+// also's sum (accumulate) rounds twice and misses in a good share of these draws.
+TEST(Reduce, SumSquaresOverTwoBuffersRoundsOnceLikeOneBuffer) {
+  BackendFixture backend;
+  int twice_rounded_misses = 0;
+  for (uint64_t draw = 0; draw < 24; ++draw) {
+    const int64_t first = 3001 + int64_t(draw) * 17, second = 5003 - int64_t(draw) * 13;
+    std::vector<double> a = random_values(first, 100 + draw), b = random_values(second, 200 + draw);
+    std::vector<double> both = a;
+    both.insert(both.end(), b.begin(), b.end());
+    Buffer x(a, DType::f32, Shape{first}), also(b, DType::f32, Shape{second}), whole(both, DType::f32, Shape{first + second});
+    Buffer split(DType::f32, Shape{1}), joined(DType::f32, Shape{1}), twice(DType::f32, Shape{1});
+    split.poison();
+    joined.poison();
+    SumSquaresArgs two{x.view(), split.view()};
+    two.also = also.view();
+    backend->sum_squares(two);
+    backend->sum_squares(SumSquaresArgs{whole.view(), joined.view()});
+    EXPECT_EQ(split.get(0), joined.get(0)) << "draw " << draw;
+    backend->sum_squares(SumSquaresArgs{x.view(), twice.view()});
+    backend->sum_squares(SumSquaresArgs{also.view(), twice.view(), true});
+    twice_rounded_misses += twice.get(0) != joined.get(0);
+  }
+  EXPECT_GT(twice_rounded_misses, 0) << "the draws never tell one rounding from two: the test would pass either way";
+}
+
 }  // namespace
 }  // namespace smelt::test

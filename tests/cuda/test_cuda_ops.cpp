@@ -276,6 +276,19 @@ TEST_F(CudaOps, ReductionsMatchCpuAndRepeatBitForBit) {
     HostTensor first = download(d_average);
     cuda_->mean({d_x, d_average});
     expect_bits_equal(first, download(d_average), name + " mean repeated");
+    // A second input (the gradient norm over the embedding's own buffer and the others).
+    HostTensor y = random_tensor(dtype, Shape{70001}, 51), both = nan_tensor(DType::f32, Shape{1});
+    SumSquaresArgs cpu_two{x.view, both.view};
+    cpu_two.also = y.view;
+    cpu_->sum_squares(cpu_two);
+    TensorView d_both = poisoned(DType::f32, Shape{1});
+    SumSquaresArgs cuda_two{d_x, d_both};
+    cuda_two.also = upload(y);
+    cuda_->sum_squares(cuda_two);
+    expect_close(both, download(d_both), 1e-6, name + " sum_squares of two inputs");
+    HostTensor only_x = download(d_sum);
+    EXPECT_GT(std::abs(double(download(d_both).get(0)) - (double(only_x.get(0)) - 2.5)), 1.0)
+        << name << ": the second input added nothing";
   }
 }
 
