@@ -55,12 +55,13 @@ void sum_squares(const SumSquaresArgs& args) {
   expect_host(args.x, "sum_squares", "x");
   const auto square = [](double v) { return v * v; };
   double value = sum_of(args.x, "sum_squares", square);
-  if (!args.also.empty()) {
-    expect_host(args.also, "sum_squares", "also");
-    if ((args.also.dtype == DType::f64) != (args.x.dtype == DType::f64))
-      fail(ErrorKind::internal, "sum_squares: expected also " + args.also.str() + " in f64 exactly when x " +
+  for (const TensorView& also : args.also) {
+    if (also.empty()) continue;
+    expect_host(also, "sum_squares", "also");
+    if ((also.dtype == DType::f64) != (args.x.dtype == DType::f64))
+      fail(ErrorKind::internal, "sum_squares: expected also " + also.str() + " in f64 exactly when x " +
                                     args.x.str() + " is; the result's type follows both");
-    value += sum_of(args.also, "sum_squares", square);
+    value += sum_of(also, "sum_squares", square);
   }
   write(args.out, args.x, value, args.accumulate, "sum_squares");
 }

@@ -1,6 +1,7 @@
 // Reductions on the GPU: sum of squares (gradient norm) and mean (loss), in double over a
 // fixed grid whose per-block partials one block then sums in order: deterministic, and
 // no host round-trip (the result stays on the device).
+#include <array>
 #include <cstdint>
 #include <type_traits>
 
@@ -86,22 +87,27 @@ __global__ void reduce_finish(const double* partials, int count, float* out, dou
   if (threadIdx.x == 0) out[0] = float(sum * multiplier + (accumulate ? double(out[0]) : 0.0));
 }
 
-// The partials of x (and of also, when given: a second input whose terms join x's before the
+constexpr int kMaxInputs = 3;  // x and SumSquaresArgs::also's two
+
+// The partials of each non-empty input (x first, then the ones whose terms join x's before the
 // one rounding) into the reduce scratch, then out[0] from them.
 template <Term term>
-void reduce(CudaContext& context, const TensorView& x, const TensorView& also, const TensorView& out, double multiplier,
-            bool accumulate, const char* op) {
-  expect_device(x, op, "x");
+void reduce(CudaContext& context, const std::array<TensorView, kMaxInputs>& inputs_in_order, const TensorView& out,
+            double multiplier, bool accumulate, const char* op) {
+  expect_device(inputs_in_order[0], op, "x");
+  for (size_t i = 1; i < inputs_in_order.size(); ++i)
+    if (!inputs_in_order[i].empty()) expect_device(inputs_in_order[i], op, "also");
   expect_device(out, op, "out");
   expect_dtype(out, DType::f32, op, "out");
   expect_numel(out, 1, op, "out");
   context.require_workspace(op);
   auto* partials = reinterpret_cast<double*>(context.reduce_scratch());
-  static_assert(2 * kBlocks * sizeof(double) <= kReduceScratchBytes, "the reduce scratch holds two inputs' partials");
+  static_assert(kMaxInputs * kBlocks * sizeof(double) <= kReduceScratchBytes,
+                "the reduce scratch holds every input's partials");
   int inputs = 0;
-  for (const TensorView* input : {&x, &also}) {
+  for (const TensorView& view : inputs_in_order) {
+    const TensorView* input = &view;
     if (input->empty()) continue;
-    if (input == &also) expect_device(also, op, "also");
     dispatch_activation(input->dtype, op, [&](auto element) {
       using T = decltype(element);
       reduce_partials<T, term><<<kBlocks, kThreads, 0, context.stream>>>(input->as<T>(), input->numel(),
@@ -117,14 +123,14 @@ void reduce(CudaContext& context, const TensorView& x, const TensorView& also, c
 }  // namespace
 
 void sum_squares(CudaContext& context, const SumSquaresArgs& args) {
-  reduce<Term::square>(context, args.x, args.also, args.out, 1.0, args.accumulate, "sum_squares");
+  reduce<Term::square>(context, {args.x, args.also[0], args.also[1]}, args.out, 1.0, args.accumulate, "sum_squares");
 }
 
 void mean(CudaContext& context, const MeanArgs& args) {
   if (args.x.numel() == 0)
     fail(ErrorKind::internal, "cuda mean: expected at least one element, found " + args.x.str() +
                                   "; skip empty reductions");
-  reduce<Term::value>(context, args.x, TensorView{}, args.out, args.weight / double(args.x.numel()), args.accumulate, "mean");
+  reduce<Term::value>(context, {args.x, TensorView{}, TensorView{}}, args.out, args.weight / double(args.x.numel()), args.accumulate, "mean");
 }
 
 }  // namespace smelt::cuda

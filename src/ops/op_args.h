@@ -5,6 +5,7 @@
 // weight gradients, norms, statistics and losses are f32 (f64 in tests); the block linears'
 // weight gradients may be bf16 (PlanOptions::linear_grad_dtype).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <span>
 
@@ -135,10 +136,11 @@ struct SumSquaresArgs {
   TensorView x;    // (n) f32
   TensorView out;  // (1) f32
   bool accumulate = false;  // out[0] += ...
-  // Optional (m), f32 or bf16: its squares join x's in double before the one rounding to f32,
-  // so a sum split over two buffers rounds like the sum over one (the embedding's gradient in a
-  // buffer of its own beside the others: StepPlan::embedding_gradient).
-  TensorView also;
+  // Up to two more inputs, f32 or bf16, each optional: their squares join x's in double before
+  // the one rounding to f32, so a sum split over several buffers rounds like the sum over one
+  // (the gradient norm over the f32 gradients, the embedding's own buffer and the block linears'
+  // bf16 ones: StepPlan::embedding_gradient, StepPlan::linear_gradients).
+  std::array<TensorView, 2> also{};
 };
 
 // weight * mean of x over n elements into out[0], or added to it (a step's loss over its

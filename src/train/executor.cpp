@@ -243,13 +243,12 @@ void Executor::run_step(const Step& step, const OptimizerSettings& optimizer) {
       embedding_backward(head_views(step), context_);
       return;
     case StepKind::gradient_norm: {
-      // The embedding's own buffer joins the others' in one reduction: one rounding to f32, as
-      // for the plans that hold every f32 gradient in one buffer.
+      // The embedding's own buffer and the block linears' bf16 one join the f32 gradients in one
+      // reduction: one rounding to f32 whichever buffers a plan splits its gradients over.
       SumSquaresArgs norm{view(plan_.gradients), view(plan_.grad_sum_squares), false};
-      if (plan_.embedding_gradient >= 0) norm.also = view(plan_.embedding_gradient);
+      if (plan_.embedding_gradient >= 0) norm.also[0] = view(plan_.embedding_gradient);
+      if (plan_.linear_gradients >= 0) norm.also[1] = view(plan_.linear_gradients);
       backend_.sum_squares(norm);
-      if (plan_.linear_gradients >= 0)
-        backend_.sum_squares({view(plan_.linear_gradients), view(plan_.grad_sum_squares), true});
       return;
     }
     case StepKind::optimizer: {

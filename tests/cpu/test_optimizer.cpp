@@ -325,32 +325,47 @@ TEST(Reduce, SumSquaresAndMeanMatchAndIgnoreThreads) {
   EXPECT_NEAR(out.get(0), 2 * expected_sum, 2e-6 * expected_sum);
 }
 
-// A sum of squares over two buffers (x and also) rounds to f32 once, like the sum over the two
-// laid end to end: the gradient norm of a plan whose embedding gradient has a buffer of its own
-// is then the norm of the plan that holds it with the others. Summing x, rounding, and adding
-// also's sum (accumulate) rounds twice and misses in a good share of these draws.
-TEST(Reduce, SumSquaresOverTwoBuffersRoundsOnceLikeOneBuffer) {
+// A sum of squares over three buffers (x and the two of also) rounds to f32 once, like the sum
+// over the three laid end to end: the gradient norm of a plan that splits its gradients over the
+// f32 buffer, the embedding's own and the block linears' is then the norm of a plan that holds
+// them in one. Summing each, rounding, and adding the next (accumulate) rounds three times and
+// misses in a good share of these draws.
+TEST(Reduce, SumSquaresOverThreeBuffersRoundsOnceLikeOneBuffer) {
   BackendFixture backend;
-  int twice_rounded_misses = 0;
+  int rounded_each_time_misses = 0;
   for (uint64_t draw = 0; draw < 24; ++draw) {
-    const int64_t first = 3001 + int64_t(draw) * 17, second = 5003 - int64_t(draw) * 13;
-    std::vector<double> a = random_values(first, 100 + draw), b = random_values(second, 200 + draw);
-    std::vector<double> both = a;
-    both.insert(both.end(), b.begin(), b.end());
-    Buffer x(a, DType::f32, Shape{first}), also(b, DType::f32, Shape{second}), whole(both, DType::f32, Shape{first + second});
-    Buffer split(DType::f32, Shape{1}), joined(DType::f32, Shape{1}), twice(DType::f32, Shape{1});
+    const int64_t first = 3001 + int64_t(draw) * 17, second = 5003 - int64_t(draw) * 13, third = 1999 + int64_t(draw) * 7;
+    std::vector<double> a = random_values(first, 100 + draw), b = random_values(second, 200 + draw),
+                        c = random_values(third, 300 + draw);
+    std::vector<double> all = a;
+    all.insert(all.end(), b.begin(), b.end());
+    all.insert(all.end(), c.begin(), c.end());
+    Buffer x(a, DType::f32, Shape{first}), also(b, DType::f32, Shape{second}), more(c, DType::f32, Shape{third});
+    Buffer whole(all, DType::f32, Shape{first + second + third});
+    Buffer split(DType::f32, Shape{1}), joined(DType::f32, Shape{1}), each(DType::f32, Shape{1});
     split.poison();
     joined.poison();
-    SumSquaresArgs two{x.view(), split.view()};
-    two.also = also.view();
-    backend->sum_squares(two);
+    SumSquaresArgs three{x.view(), split.view()};
+    three.also = {also.view(), more.view()};
+    backend->sum_squares(three);
     backend->sum_squares(SumSquaresArgs{whole.view(), joined.view()});
     EXPECT_EQ(split.get(0), joined.get(0)) << "draw " << draw;
-    backend->sum_squares(SumSquaresArgs{x.view(), twice.view()});
-    backend->sum_squares(SumSquaresArgs{also.view(), twice.view(), true});
-    twice_rounded_misses += twice.get(0) != joined.get(0);
+    // Only the second of also given: the first may be left empty.
+    SumSquaresArgs gap{x.view(), each.view()};
+    gap.also[1] = more.view();
+    backend->sum_squares(gap);
+    backend->sum_squares(SumSquaresArgs{also.view(), each.view(), true});
+    double reference = 0;
+    for (const std::vector<double>* part : {&a, &b, &c})
+      for (double v : *part) reference += double(float(v)) * double(float(v));
+    EXPECT_NEAR(split.get(0), reference, 1e-6 * reference) << "draw " << draw;
+    EXPECT_NEAR(each.get(0), reference, 1e-6 * reference) << "draw " << draw;
+    backend->sum_squares(SumSquaresArgs{x.view(), each.view()});
+    backend->sum_squares(SumSquaresArgs{also.view(), each.view(), true});
+    backend->sum_squares(SumSquaresArgs{more.view(), each.view(), true});
+    rounded_each_time_misses += each.get(0) != joined.get(0);
   }
-  EXPECT_GT(twice_rounded_misses, 0) << "the draws never tell one rounding from two: the test would pass either way";
+  EXPECT_GT(rounded_each_time_misses, 0) << "the draws never tell one rounding from three: the test would pass either way";
 }
 
 }  // namespace

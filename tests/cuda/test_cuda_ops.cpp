@@ -276,19 +276,24 @@ TEST_F(CudaOps, ReductionsMatchCpuAndRepeatBitForBit) {
     HostTensor first = download(d_average);
     cuda_->mean({d_x, d_average});
     expect_bits_equal(first, download(d_average), name + " mean repeated");
-    // A second input (the gradient norm over the embedding's own buffer and the others).
-    HostTensor y = random_tensor(dtype, Shape{70001}, 51), both = nan_tensor(DType::f32, Shape{1});
-    SumSquaresArgs cpu_two{x.view, both.view};
-    cpu_two.also = y.view;
-    cpu_->sum_squares(cpu_two);
-    TensorView d_both = poisoned(DType::f32, Shape{1});
-    SumSquaresArgs cuda_two{d_x, d_both};
-    cuda_two.also = upload(y);
-    cuda_->sum_squares(cuda_two);
-    expect_close(both, download(d_both), 1e-6, name + " sum_squares of two inputs");
-    HostTensor only_x = download(d_sum);
-    EXPECT_GT(std::abs(double(download(d_both).get(0)) - (double(only_x.get(0)) - 2.5)), 1.0)
-        << name << ": the second input added nothing";
+    // Two more inputs (the gradient norm over the f32 gradients, the embedding's own buffer and
+    // the block linears' bf16 one): the third always bf16, as the linears' gradients are.
+    HostTensor y = random_tensor(dtype, Shape{70001}, 51), z = random_tensor(DType::bf16, Shape{33333}, 52);
+    HostTensor all = nan_tensor(DType::f32, Shape{1});
+    SumSquaresArgs cpu_three{x.view, all.view};
+    cpu_three.also = {y.view, z.view};
+    cpu_->sum_squares(cpu_three);
+    TensorView d_all = poisoned(DType::f32, Shape{1});
+    SumSquaresArgs cuda_three{d_x, d_all};
+    cuda_three.also = {upload(y), upload(z)};
+    cuda_->sum_squares(cuda_three);
+    expect_close(all, download(d_all), 1e-6, name + " sum_squares of three inputs");
+    const double only_x = double(download(d_sum).get(0)) - 2.5;  // d_sum started at 2.5
+    const double y_squares = double(sum_of_squares(y).get(0)), z_squares = double(sum_of_squares(z).get(0));
+    EXPECT_GT(y_squares, 1.0);
+    EXPECT_GT(z_squares, 1.0);
+    EXPECT_NEAR(double(download(d_all).get(0)), only_x + y_squares + z_squares, 1e-5 * (only_x + y_squares + z_squares))
+        << name << ": each input counts once";
   }
 }
 
