@@ -87,7 +87,8 @@ __global__ void reduce_finish(const double* partials, int count, float* out, dou
   if (threadIdx.x == 0) out[0] = float(sum * multiplier + (accumulate ? double(out[0]) : 0.0));
 }
 
-constexpr int kMaxInputs = 3;  // x and SumSquaresArgs::also's two
+// x and every slot of SumSquaresArgs::also.
+constexpr int kMaxInputs = 1 + int(std::tuple_size_v<decltype(SumSquaresArgs::also)>);
 
 // The partials of each non-empty input (x first, then the ones whose terms join x's before the
 // one rounding) into the reduce scratch, then out[0] from them.
@@ -105,12 +106,11 @@ void reduce(CudaContext& context, const std::array<TensorView, kMaxInputs>& inpu
   static_assert(kMaxInputs * kBlocks * sizeof(double) <= kReduceScratchBytes,
                 "the reduce scratch holds every input's partials");
   int inputs = 0;
-  for (const TensorView& view : inputs_in_order) {
-    const TensorView* input = &view;
-    if (input->empty()) continue;
-    dispatch_activation(input->dtype, op, [&](auto element) {
+  for (const TensorView& input : inputs_in_order) {
+    if (input.empty()) continue;
+    dispatch_activation(input.dtype, op, [&](auto element) {
       using T = decltype(element);
-      reduce_partials<T, term><<<kBlocks, kThreads, 0, context.stream>>>(input->as<T>(), input->numel(),
+      reduce_partials<T, term><<<kBlocks, kThreads, 0, context.stream>>>(input.as<T>(), input.numel(),
                                                                          partials + inputs * kBlocks);
       SMELT_CUDA_LAUNCH_CHECK("reduce_partials");
     });
