@@ -70,6 +70,32 @@ TEST(MemoryPlan, PeakStepAndClassBreakdown) {
   EXPECT_EQ(plan.live_by_class[4][static_cast<size_t>(BufferClass::activations)], 0u);
 }
 
+// Largest-first placement fragments this set: the two 5-unit buffers tie on size, the one first
+// used goes above the 6-unit buffer it meets at step 4, the other below it, and the 4-unit buffer
+// of step 7 finds only a 1-unit gap between them (15 units). Placing the longest-lived first packs
+// it into the live peak (14 units at step 7), as the arena then does. A whole-step buffer under
+// them, a random unit and a shuffled request order change none of that.
+TEST(MemoryPlan, ATieThatFragmentsLargestFirstPacksIntoTheLivePeak) {
+  testing_support::FreshRandom random;
+  for (int trial = 0; trial < 20; ++trial) {
+    const size_t unit = kBufferAlignment * (1 + random.below(8));
+    const size_t weights = kBufferAlignment * (1 + random.below(64));
+    std::vector<BufferRequest> requests = {
+        {"at step 4", 6 * unit, 4, 4, BufferClass::activations},
+        {"at step 7", 5 * unit, 7, 7, BufferClass::activations},
+        {"from step 4", 5 * unit, 4, 7, BufferClass::gradients},
+        {"also at step 7", 4 * unit, 7, 7, BufferClass::activations},
+        {"weights", weights, 0, 7, BufferClass::parameters},
+    };
+    for (size_t i = requests.size() - 1; i > 0; --i) std::swap(requests[i], requests[random.below(i + 1)]);
+    MemoryPlan plan = pack_buffers(requests, 8);
+    expect_valid_packing(requests, plan);
+    EXPECT_EQ(plan.peak_live_bytes, weights + 14 * unit);
+    EXPECT_EQ(plan.peak_step, 7);
+    EXPECT_EQ(plan.arena_bytes, plan.peak_live_bytes) << "unit " << unit << ", weights " << weights;
+  }
+}
+
 TEST(MemoryPlan, RejectsBadLiveRange) {
   std::vector<BufferRequest> requests = {{"bad", 16, 3, 1, BufferClass::activations}};
   EXPECT_THROW(pack_buffers(requests, 5), Error);
